@@ -1,0 +1,248 @@
+//! Command-line flags; every flag also reads an environment variable. Compatible with the Go
+//! controller's flags (`--kubeconfig`/KUBECONFIG_PATH, `--devmode`/DEV_MODE, `--local-context`,
+//! `--remote-context`, `--namespace`).
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::desired::EndpointsMode;
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cross-cluster-controller", version, about, long_about = None)]
+pub struct Args {
+    /// Kubeconfig of the REMOTE cluster (default loading rules when absent).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Local cluster from the default kubeconfig (KUBECONFIG or ~/.kube/config) instead of the
+    /// in-cluster service account.
+    #[arg(long, env = "DEV_MODE")]
+    pub devmode: bool,
+
+    /// Context of the local cluster (dev mode).
+    #[arg(long, env = "LOCAL_CONTEXT")]
+    pub local_context: Option<String>,
+
+    /// Context of the remote cluster in its kubeconfig.
+    #[arg(long, env = "REMOTE_CONTEXT")]
+    pub remote_context: Option<String>,
+
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "LEASE_NAMESPACE", default_value = "fair-system")]
+    pub namespace: String,
+
+    /// Label key: remote leaders carry `<key>=true`, local followers `<key>=follower`.
+    #[arg(long, env = "LABEL_KEY", default_value = "fair.com/cross-cluster")]
+    pub label_key: String,
+
+    /// Name of the remote cluster, recorded on every follower (default: the remote context name).
+    #[arg(long, env = "CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// Namespaces to watch in the remote cluster (comma-separated; default: all).
+    #[arg(
+        long = "watch-namespace",
+        env = "WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
+
+    /// Sweeper schedule, cron with seconds (`sec min hour day month weekday`) or the classic
+    /// five fields. Default: every five minutes.
+    #[arg(long, env = "SWEEP_SCHEDULE", default_value = "0 */5 * * * *")]
+    pub sweep_schedule: String,
+
+    /// Reconcile workers (keys processed in parallel; one key is never processed twice at once).
+    #[arg(long, env = "WORKERS", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=512))]
+    pub workers: u16,
+
+    /// Log what would be written, write nothing.
+    #[arg(long, env = "DRY_RUN")]
+    pub dry_run: bool,
+
+    /// Which local endpoint objects to write: EndpointSlices, legacy core/v1 Endpoints, or both.
+    #[arg(long, env = "ENDPOINTS_MODE", value_enum, default_value_t = EndpointsModeArg::Slices)]
+    pub endpoints_mode: EndpointsModeArg,
+
+    /// Create a local namespace when a remote leader's namespace does not exist locally.
+    #[arg(long, env = "CREATE_NAMESPACES")]
+    pub create_namespaces: bool,
+
+    /// Address of the admin server (/healthz, /readyz, /metrics).
+    #[arg(long, env = "ADMIN_BIND", default_value = "0.0.0.0:8080")]
+    pub admin_bind: SocketAddr,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "cross-cluster-controller")]
+    pub lease_name: String,
+
+    /// Identity of this replica in the Lease (default: POD_NAME, else hostname and PID).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Seconds a Lease is valid without renewal; another replica takes over after that.
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_duration_seconds: u64,
+
+    /// Timeout of each request in the sweeper's listings; a listing that times out aborts the sweep.
+    #[arg(long, env = "SWEEP_LIST_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub sweep_list_timeout_seconds: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EndpointsModeArg {
+    Slices,
+    Endpoints,
+    Both,
+}
+
+impl From<EndpointsModeArg> for EndpointsMode {
+    fn from(m: EndpointsModeArg) -> Self {
+        match m {
+            EndpointsModeArg::Slices => EndpointsMode::Slices,
+            EndpointsModeArg::Endpoints => EndpointsMode::Endpoints,
+            EndpointsModeArg::Both => EndpointsMode::Both,
+        }
+    }
+}
+
+impl Args {
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_seconds)
+    }
+
+    /// The sweep schedule in the six-field form tokio-cron-scheduler takes.
+    pub fn sweep_cron(&self) -> Result<String, String> {
+        let fields = self.sweep_schedule.split_whitespace().count();
+        let expr = match fields {
+            5 => format!("0 {}", self.sweep_schedule.trim()),
+            6 | 7 => self.sweep_schedule.trim().to_string(),
+            _ => {
+                return Err(format!(
+                    "--sweep-schedule {:?}: expected 5 or 6 cron fields, got {fields}",
+                    self.sweep_schedule
+                ));
+            }
+        };
+        expr.parse::<croner::Cron>()
+            .map_err(|e| format!("--sweep-schedule {:?}: {e}", self.sweep_schedule))?;
+        Ok(expr)
+    }
+
+    /// Validates what clap cannot: one readable line per problem.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_label_key(&self.label_key)?;
+        self.sweep_cron()?;
+        for ns in &self.watch_namespaces {
+            if !is_dns_label(ns) {
+                return Err(format!(
+                    "--watch-namespace {ns:?} is not a valid namespace name"
+                ));
+            }
+        }
+        if let Some(name) = &self.cluster_name {
+            if name.is_empty() || name.len() > 253 {
+                return Err(format!(
+                    "--cluster-name {name:?} must be 1 to 253 characters"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A label key: optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "--label-key {key:?} is not a valid label key: {why}"
+        ))
+    };
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label) {
+            return bad("the prefix must be a DNS subdomain");
+        }
+    }
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if name.is_empty() || name.len() > 63 {
+        return bad("the name must be 1 to 63 characters");
+    }
+    if !name.chars().all(ok_char)
+        || !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return bad(
+            "the name must be alphanumeric, '-', '_' or '.', starting and ending alphanumeric",
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("ccc").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_go_controller() {
+        let a = parse(&[]);
+        assert_eq!(a.label_key, "fair.com/cross-cluster");
+        assert_eq!(a.namespace, "fair-system");
+        assert!(!a.devmode);
+        assert_eq!(a.sweep_cron().unwrap(), "0 */5 * * * *");
+        assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn five_field_cron_gains_a_seconds_field() {
+        let a = parse(&["--sweep-schedule", "*/2 * * * *"]);
+        assert_eq!(a.sweep_cron().unwrap(), "0 */2 * * * *");
+    }
+
+    #[test]
+    fn bad_values_give_one_readable_line() {
+        for (args, needle) in [
+            (vec!["--sweep-schedule", "every minute"], "--sweep-schedule"),
+            (vec!["--sweep-schedule", "99 * * * * *"], "--sweep-schedule"),
+            (vec!["--label-key", "bad key!"], "--label-key"),
+            (vec!["--label-key", "-x.com/a"], "--label-key"),
+            (vec!["--watch-namespace", "Upper"], "--watch-namespace"),
+        ] {
+            let err = parse(&args).validate().unwrap_err();
+            assert!(err.contains(needle), "{err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+        assert!(Args::try_parse_from(["ccc", "--workers", "0"]).is_err());
+        assert!(Args::try_parse_from(["ccc", "--endpoints-mode", "nope"]).is_err());
+    }
+
+    #[test]
+    fn watch_namespaces_split_on_commas() {
+        let a = parse(&["--watch-namespace", "a,b", "--watch-namespace", "c"]);
+        assert_eq!(a.watch_namespaces, vec!["a", "b", "c"]);
+    }
+}

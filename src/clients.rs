@@ -1,0 +1,122 @@
+//! The only place Kubernetes clients are built: the local cluster, and each remote.
+use std::path::Path;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::args::Args;
+use crate::error::{Error, Result};
+
+/// One remote cluster: its name (recorded on followers) and a read-only client.
+#[derive(Clone)]
+pub struct Remote {
+    pub name: String,
+    pub client: Client,
+}
+
+pub struct Clients {
+    pub local: Client,
+    pub remotes: Vec<Remote>,
+}
+
+fn config_err(what: &str, e: impl std::fmt::Display) -> Error {
+    // one line: kube's errors can nest causes over several lines
+    let msg = e.to_string().replace('\n', " ");
+    Error::Config(format!("{what}: {msg}"))
+}
+
+async fn from_kubeconfig(kc: Kubeconfig, context: Option<&str>, what: &str) -> Result<Config> {
+    if let Some(ctx) = context {
+        if !kc.contexts.iter().any(|c| c.name == ctx) {
+            let known: Vec<_> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+            return Err(Error::Config(format!(
+                "{what}: context {ctx:?} is not in the kubeconfig (it has: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    let opts = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .map_err(|e| config_err(what, e))
+}
+
+async fn read_kubeconfig(path: Option<&Path>, what: &str) -> Result<Kubeconfig> {
+    match path {
+        Some(p) => Kubeconfig::read_from(p)
+            .map_err(|e| config_err(&format!("{what} kubeconfig {}", p.display()), e)),
+        None => Kubeconfig::read().map_err(|e| config_err(&format!("{what} kubeconfig"), e)),
+    }
+}
+
+pub async fn local_config(args: &Args) -> Result<Config> {
+    if args.devmode {
+        let kc = read_kubeconfig(None, "local (dev mode, default)").await?;
+        from_kubeconfig(kc, args.local_context.as_deref(), "local cluster").await
+    } else {
+        Config::incluster().map_err(|e| {
+            config_err(
+                "local cluster (in-cluster service account; use --devmode outside a pod)",
+                e,
+            )
+        })
+    }
+}
+
+pub async fn remote_config(args: &Args) -> Result<(Config, String)> {
+    let kc = read_kubeconfig(args.kubeconfig.as_deref(), "remote").await?;
+    let context_name = args
+        .remote_context
+        .clone()
+        .or_else(|| kc.current_context.clone())
+        .unwrap_or_else(|| "remote".to_string());
+    let cfg = from_kubeconfig(kc, args.remote_context.as_deref(), "remote cluster").await?;
+    Ok((cfg, context_name))
+}
+
+/// host:port of an API server URL, for the "same cluster" check.
+fn authority(cfg: &Config) -> String {
+    let uri = &cfg.cluster_url;
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_matches(['[', ']'])
+        .to_ascii_lowercase();
+    let host = if host == "localhost" {
+        "127.0.0.1".to_string()
+    } else {
+        host
+    };
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    format!("{host}:{port}")
+}
+
+pub async fn build(args: &Args) -> Result<Clients> {
+    let local_cfg = local_config(args).await?;
+    let (remote_cfg, context_name) = remote_config(args).await?;
+    if authority(&local_cfg) == authority(&remote_cfg) {
+        return Err(Error::Config(format!(
+            "local and remote resolve to the same API server ({}); refusing to mirror a cluster into itself",
+            authority(&local_cfg)
+        )));
+    }
+    let local = Client::try_from(local_cfg).map_err(|e| config_err("local client", e))?;
+    let remote = Client::try_from(remote_cfg).map_err(|e| config_err("remote client", e))?;
+    let name = args.cluster_name.clone().unwrap_or(context_name);
+    Ok(Clients {
+        local,
+        remotes: vec![Remote {
+            name,
+            client: remote,
+        }],
+    })
+}

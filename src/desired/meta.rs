@@ -1,0 +1,345 @@
+//! Metadata helpers shared by the Service, EndpointSlice and Endpoints translations:
+//! our labels and annotations, API-server validation rules, ownership and map comparisons.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::{FOLLOWER_VALUE, Options, Ownership, Skip};
+
+/// The API server's limit on the total size of an object's annotation keys and values.
+pub(crate) const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+const QUALIFIED_NAME_MAX: usize = 63;
+const LABEL_VALUE_MAX: usize = 63;
+const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+pub(crate) type StringMap = BTreeMap<String, String>;
+
+/// The remote labels with `<key>=follower` on top.
+pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> StringMap {
+    let mut labels = remote.cloned().unwrap_or_default();
+    labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
+    labels
+}
+
+/// Origin-cluster and origin-object annotations (the ones every follower object carries).
+pub(crate) fn origin_annotations(namespace: &str, name: &str, opts: &Options) -> StringMap {
+    let mut annotations = StringMap::new();
+    annotations.insert(opts.origin_cluster_annotation(), opts.cluster_name.clone());
+    annotations.insert(
+        opts.origin_object_annotation(),
+        format!("{namespace}/{name}"),
+    );
+    annotations
+}
+
+/// Classifies a local object by its follower label and origin-cluster annotation.
+pub(crate) fn ownership(meta: &ObjectMeta, opts: &Options) -> Ownership {
+    let is_follower = meta
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(&opts.label_key))
+        .is_some_and(|value| value == FOLLOWER_VALUE);
+    if !is_follower {
+        return Ownership::NotOurs;
+    }
+    let origin = meta
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(&opts.origin_cluster_annotation()));
+    match origin {
+        None => Ownership::Adoptable,
+        Some(cluster) if *cluster == opts.cluster_name => Ownership::Ours,
+        Some(_) => Ownership::OtherRemote,
+    }
+}
+
+/// Checks the labels and annotations of a desired object the way the API server would.
+pub(crate) fn validate(meta: &ObjectMeta) -> Result<(), Skip> {
+    for (key, value) in meta.labels.iter().flatten() {
+        validate_label(key, value).map_err(|message| Skip::LabelsInvalid {
+            key: key.clone(),
+            message,
+        })?;
+    }
+    let mut size = 0usize;
+    for (key, value) in meta.annotations.iter().flatten() {
+        validate_qualified_name(key).map_err(|message| Skip::AnnotationsInvalid {
+            key: key.clone(),
+            message,
+        })?;
+        size = size.saturating_add(key.len()).saturating_add(value.len());
+    }
+    if size > TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Err(Skip::AnnotationsTooLarge {
+            size,
+            limit: TOTAL_ANNOTATION_SIZE_LIMIT,
+        });
+    }
+    Ok(())
+}
+
+fn validate_label(key: &str, value: &str) -> Result<(), String> {
+    validate_qualified_name(key)?;
+    if value.len() > LABEL_VALUE_MAX {
+        return Err(format!(
+            "value is {} characters long, at most {LABEL_VALUE_MAX} are allowed",
+            value.len()
+        ));
+    }
+    if !value.is_empty() && !is_qualified_name_part(value) {
+        return Err(format!(
+            "value {value:?} must consist of alphanumerics, '-', '_' or '.', and start and end \
+             with an alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+/// `[prefix/]name` with a DNS-1123 subdomain prefix and a name of at most 63 characters.
+fn validate_qualified_name(key: &str) -> Result<(), String> {
+    let name = match key.split_once('/') {
+        Some((prefix, name)) => {
+            if prefix.is_empty() {
+                return Err("prefix part must be non-empty".to_string());
+            }
+            if !is_dns1123_subdomain(prefix) {
+                return Err(format!(
+                    "prefix {prefix:?} must be a lowercase DNS-1123 subdomain"
+                ));
+            }
+            name
+        }
+        None => key,
+    };
+    if name.is_empty() {
+        return Err("name part must be non-empty".to_string());
+    }
+    if name.len() > QUALIFIED_NAME_MAX {
+        return Err(format!(
+            "name part is {} characters long, at most {QUALIFIED_NAME_MAX} are allowed",
+            name.len()
+        ));
+    }
+    if !is_qualified_name_part(name) {
+        return Err(format!(
+            "name part {name:?} must consist of alphanumerics, '-', '_' or '.', and start and \
+             end with an alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`
+fn is_qualified_name_part(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            first.is_ascii_alphanumeric()
+                && last.is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+/// Lowercase RFC 1123 subdomain of at most 253 characters.
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= DNS1123_SUBDOMAIN_MAX
+        && s.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            match (bytes.first(), bytes.last()) {
+                (Some(first), Some(last)) => {
+                    is_lower_alnum(*first)
+                        && is_lower_alnum(*last)
+                        && bytes.iter().all(|b| is_lower_alnum(*b) || *b == b'-')
+                }
+                _ => false,
+            }
+        })
+}
+
+fn is_lower_alnum(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit()
+}
+
+/// Whether every entry of `desired` is present with the same value in `actual`.
+pub(crate) fn map_contains(actual: Option<&StringMap>, desired: Option<&StringMap>) -> bool {
+    desired.into_iter().flatten().all(|(key, value)| {
+        actual
+            .and_then(|actual| actual.get(key))
+            .is_some_and(|v| v == value)
+    })
+}
+
+/// Sets every entry of `desired` on `actual`, keeping the other entries of `actual`.
+pub(crate) fn merge_map(actual: &mut Option<StringMap>, desired: Option<&StringMap>) {
+    let Some(desired) = desired.filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let target = actual.get_or_insert_with(StringMap::new);
+    for (key, value) in desired {
+        target.insert(key.clone(), value.clone());
+    }
+}
+
+/// Makes `key` on `actual` follow `desired`: set when desired has it, removed when not.
+/// Used for the keys we set only conditionally.
+pub(crate) fn sync_conditional_key(
+    actual: &mut Option<StringMap>,
+    desired: Option<&StringMap>,
+    key: &str,
+) {
+    match desired.and_then(|d| d.get(key)) {
+        Some(value) => {
+            actual
+                .get_or_insert_with(StringMap::new)
+                .insert(key.to_string(), value.clone());
+        }
+        None => {
+            if let Some(map) = actual.as_mut() {
+                map.remove(key);
+            }
+        }
+    }
+}
+
+/// Whether a conditionally set `key` is in the state `desired` asks for.
+pub(crate) fn conditional_key_matches(
+    actual: Option<&StringMap>,
+    desired: Option<&StringMap>,
+    key: &str,
+) -> bool {
+    actual.and_then(|a| a.get(key)) == desired.and_then(|d| d.get(key))
+}
+
+fn same_owner(a: &OwnerReference, b: &OwnerReference) -> bool {
+    a.api_version == b.api_version
+        && a.kind == b.kind
+        && a.name == b.name
+        && a.uid == b.uid
+        && a.controller.unwrap_or(false) == b.controller.unwrap_or(false)
+}
+
+/// Whether every desired ownerReference is on `actual` and no other controller reference is.
+pub(crate) fn owners_match(
+    actual: Option<&[OwnerReference]>,
+    desired: Option<&[OwnerReference]>,
+) -> bool {
+    let actual = actual.unwrap_or_default();
+    let desired = desired.unwrap_or_default();
+    if desired.is_empty() {
+        return true;
+    }
+    let all_present = desired
+        .iter()
+        .all(|d| actual.iter().any(|a| same_owner(a, d)));
+    let wants_controller = desired.iter().any(|d| d.controller == Some(true));
+    let foreign_controller = wants_controller
+        && actual
+            .iter()
+            .any(|a| a.controller == Some(true) && !desired.iter().any(|d| same_owner(a, d)));
+    all_present && !foreign_controller
+}
+
+/// `actual`'s ownerReferences with the desired ones set: references to the same owner (by
+/// kind and name, e.g. with a stale uid) and, when we set a controller, other controller
+/// references are replaced.
+pub(crate) fn merge_owners(
+    actual: &mut Option<Vec<OwnerReference>>,
+    desired: Option<&[OwnerReference]>,
+) {
+    let desired = desired.unwrap_or_default();
+    if desired.is_empty() {
+        return;
+    }
+    let wants_controller = desired.iter().any(|d| d.controller == Some(true));
+    let mut merged: Vec<OwnerReference> = actual
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| {
+            let replaced = desired
+                .iter()
+                .any(|d| a.api_version == d.api_version && a.kind == d.kind && a.name == d.name);
+            let competing_controller = wants_controller && a.controller == Some(true);
+            !replaced && !competing_controller
+        })
+        .collect();
+    merged.extend(desired.iter().cloned());
+    *actual = Some(merged);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_validation() {
+        assert!(validate_label("app", "web").is_ok());
+        assert!(validate_label("fair.com/cross-cluster", "follower").is_ok());
+        assert!(validate_label("a/b", "").is_ok());
+        assert!(validate_label(&"k".repeat(63), &"v".repeat(63)).is_ok());
+        assert!(validate_label(&"k".repeat(64), "v").is_err());
+        assert!(validate_label("app", &"v".repeat(64)).is_err());
+        assert!(validate_label("app", "-web").is_err());
+        assert!(validate_label("Upper.Case/app", "v").is_err());
+        assert!(validate_label("/app", "v").is_err());
+        assert!(validate_label("a/b/c", "v").is_err());
+        assert!(validate_label("", "v").is_err());
+    }
+
+    #[test]
+    fn subdomain_validation() {
+        assert!(is_dns1123_subdomain("web-1a2b3c4d-0"));
+        assert!(is_dns1123_subdomain("a.b-c.d"));
+        assert!(!is_dns1123_subdomain("a..b"));
+        assert!(!is_dns1123_subdomain("-a"));
+        assert!(!is_dns1123_subdomain("a-"));
+        assert!(!is_dns1123_subdomain("A"));
+        assert!(!is_dns1123_subdomain(&"a".repeat(254)));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)));
+    }
+
+    #[test]
+    fn owners() {
+        let ours = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Service".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        let stale = OwnerReference {
+            uid: "u0".into(),
+            ..ours.clone()
+        };
+        let other = OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "x".into(),
+            uid: "u9".into(),
+            controller: None,
+            block_owner_deletion: None,
+        };
+        let desired = vec![ours.clone()];
+        assert!(owners_match(None, None));
+        assert!(!owners_match(None, Some(&desired)));
+        assert!(owners_match(
+            Some(&[other.clone(), ours.clone()]),
+            Some(&desired)
+        ));
+        assert!(!owners_match(
+            Some(&[stale.clone(), ours.clone()]),
+            Some(&desired)
+        ));
+
+        let mut actual = Some(vec![stale, other.clone()]);
+        merge_owners(&mut actual, Some(&desired));
+        assert_eq!(actual, Some(vec![other, ours]));
+    }
+}

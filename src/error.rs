@@ -1,0 +1,61 @@
+//! The crate's error type, with a bounded category for metrics and Sentry tags.
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Bad flags, kubeconfig or contexts: the daemon stops at start with this one line.
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("not the leader: write refused")]
+    NotLeader,
+    #[error("admin server: {0}")]
+    Admin(#[from] std::io::Error),
+    #[error("scheduler: {0}")]
+    Scheduler(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A short, bounded category (never an object name) for metric labels and Sentry tags.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Kube(e) => kube_category(e),
+            Error::Timeout(_) => "timeout",
+            Error::NotLeader => "not_leader",
+            Error::Admin(_) => "admin",
+            Error::Scheduler(_) => "scheduler",
+        }
+    }
+
+    /// The HTTP status of an API error, if this is one.
+    pub fn api_code(&self) -> Option<u16> {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+pub fn kube_category(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            401 => "unauthorized",
+            403 => "forbidden",
+            404 => "not_found",
+            409 => "conflict",
+            410 => "gone",
+            422 => "invalid",
+            429 => "throttled",
+            500..=599 => "server_error",
+            _ => "api_error",
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "connection",
+        _ => "client",
+    }
+}

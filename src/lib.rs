@@ -1,0 +1,16 @@
+//! cross-cluster-controller: mirrors labelled Services of a remote cluster into the local one.
+//!
+//! Data flows one way: remote watches -> [`cache`] -> pure [`desired`] state -> the local writer.
+pub mod args;
+pub mod cache;
+pub mod clients;
+pub mod desired;
+pub mod error;
+pub mod lease;
+pub mod metrics;
+pub mod queue;
+pub mod reconcile;
+pub mod telemetry;
+pub mod writer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,499 @@
+//! One reconcile pass for one key (remote cluster / namespace / name): read the caches, compute
+//! the desired follower (pure), and bring the local cluster to it through the writer, touching
+//! only objects we own.
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Resource, ResourceExt};
+use tracing::{debug, info, warn};
+
+use crate::cache::{Cache, GroupKey, by_name, by_service_label};
+use crate::desired::{
+    self, Follower, Options, Ownership, ServiceChange, endpoints_change, endpoints_ownership,
+    service_change, service_ownership, set_slice_owner, slice_change, slice_ownership,
+};
+use crate::error::{Error, Result};
+use crate::metrics::{Metrics, labels};
+use crate::writer::{Writer, Written};
+
+/// What a reconcile works on: one leader of one remote cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub remote: Arc<str>,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.remote, self.namespace, self.name)
+    }
+}
+
+impl Key {
+    pub fn group(&self) -> GroupKey {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// What one remote cluster looks like, as its watches have seen it.
+pub struct RemoteState {
+    pub name: Arc<str>,
+    pub opts: Options,
+    pub services: RwLock<Cache<Service>>,
+    pub slices: RwLock<Cache<EndpointSlice>>,
+}
+
+impl RemoteState {
+    pub fn new(name: &str, opts: Options) -> Self {
+        Self {
+            name: name.into(),
+            opts,
+            services: RwLock::new(Cache::new(by_name::<Service>)),
+            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        read(&self.services).ready() && read(&self.slices).ready()
+    }
+}
+
+/// Our followers in the local cluster (everything labelled `<key>=follower`).
+pub struct LocalState {
+    pub services: RwLock<Cache<Service>>,
+    pub slices: RwLock<Cache<EndpointSlice>>,
+    pub endpoints: RwLock<Cache<Endpoints>>,
+}
+
+impl Default for LocalState {
+    fn default() -> Self {
+        Self {
+            services: RwLock::new(Cache::new(by_name::<Service>)),
+            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            endpoints: RwLock::new(Cache::new(by_name::<Endpoints>)),
+        }
+    }
+}
+
+impl LocalState {
+    pub fn ready(&self) -> bool {
+        read(&self.services).ready() && read(&self.slices).ready() && read(&self.endpoints).ready()
+    }
+}
+
+/// Caches are only ever updated in short, non-panicking sections; a poisoned lock still holds
+/// a consistent map.
+pub fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Ctx {
+    pub remotes: HashMap<Arc<str>, Arc<RemoteState>>,
+    pub local: Arc<LocalState>,
+    pub writer: Writer,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub create_namespaces: bool,
+    /// Where Events go when there is no local object to attach them to.
+    pub fallback_ref: ObjectReference,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    Deleted,
+    Unchanged,
+    Skipped(&'static str),
+    Conflict,
+    NotReady,
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Deleted => "deleted",
+            Outcome::Unchanged => "unchanged",
+            Outcome::Skipped(_) => "skipped",
+            Outcome::Conflict => "conflict",
+            Outcome::NotReady => "not_ready",
+        }
+    }
+}
+
+/// A snapshot of everything one key needs, taken under short read locks.
+struct Snapshot {
+    leader: Option<Arc<Service>>,
+    remote_slices: Vec<Arc<EndpointSlice>>,
+    service: Option<Arc<Service>>,
+    slices: Vec<Arc<EndpointSlice>>,
+    endpoints: Option<Arc<Endpoints>>,
+}
+
+impl Ctx {
+    fn snapshot(&self, remote: &RemoteState, g: &GroupKey) -> Snapshot {
+        Snapshot {
+            leader: read(&remote.services).named(g),
+            remote_slices: read(&remote.slices).group(g),
+            service: read(&self.local.services).named(g),
+            slices: read(&self.local.slices).group(g),
+            endpoints: read(&self.local.endpoints).named(g),
+        }
+    }
+
+    async fn event(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        action: &str,
+        on: Option<ObjectReference>,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        let reference = on.unwrap_or_else(|| self.fallback_ref.clone());
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            debug!(error = %e, "could not record an Event");
+        }
+    }
+
+    async fn skip(
+        &self,
+        key: &Key,
+        reason: &'static str,
+        why: String,
+        on: Option<ObjectReference>,
+    ) -> Outcome {
+        warn!(key = %key, reason, "skipped: {why}");
+        self.metrics
+            .skipped
+            .get_or_create(&labels([("remote", &key.remote), ("reason", reason)]))
+            .inc();
+        self.event(
+            EventType::Warning,
+            reason,
+            format!("{key}: {why}"),
+            "Skip",
+            on,
+        )
+        .await;
+        Outcome::Skipped(reason)
+    }
+
+    async fn conflict(&self, key: &Key, kind: &'static str, obj: ObjectReference) -> Outcome {
+        warn!(key = %key, kind, "conflict: a local {kind} of that name exists and is not our follower; left untouched");
+        self.metrics
+            .conflicts
+            .get_or_create(&labels([("remote", &key.remote), ("kind", kind)]))
+            .inc();
+        let note = format!(
+            "{kind} exists and is not a follower of {}: not mirrored, left untouched",
+            key.remote
+        );
+        self.event(
+            EventType::Warning,
+            "NotOurFollower",
+            note,
+            "Mirror",
+            Some(obj),
+        )
+        .await;
+        Outcome::Conflict
+    }
+}
+
+fn is_ours(o: Ownership) -> bool {
+    matches!(o, Ownership::Ours | Ownership::Adoptable)
+}
+
+fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
+    o.meta()
+        .uid
+        .clone()
+        .ok_or_else(|| Error::Config(format!("{} {} has no uid", K::kind(&()), o.name_any())))
+}
+
+pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
+    let Some(remote) = ctx.remotes.get(&key.remote) else {
+        return Ok(Outcome::NotReady);
+    };
+    // a cache that has not completed a listing proves nothing: no decision on it
+    if !remote.ready() || !ctx.local.ready() {
+        return Ok(Outcome::NotReady);
+    }
+    let g = key.group();
+    let snap = ctx.snapshot(remote, &g);
+    let opts = &remote.opts;
+    let outcome = match &snap.leader {
+        None => remove_follower(ctx, key, opts, &snap).await?,
+        Some(leader) => {
+            let slices: Vec<&EndpointSlice> = snap.remote_slices.iter().map(Arc::as_ref).collect();
+            match desired::follower(leader, &slices, opts) {
+                Ok(f) => apply_follower(ctx, key, opts, &snap, f).await?,
+                Err(skip) => {
+                    let on = snap.service.as_ref().map(|s| s.object_ref(&()));
+                    ctx.skip(key, skip.reason(), skip.to_string(), on).await
+                }
+            }
+        }
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&labels([
+            ("remote", &key.remote),
+            ("outcome", outcome.label()),
+        ]))
+        .inc();
+    Ok(outcome)
+}
+
+/// The leader is confirmed gone (absent from a complete listing, or deleted): remove what we own.
+async fn remove_follower(ctx: &Ctx, key: &Key, opts: &Options, snap: &Snapshot) -> Result<Outcome> {
+    let mut deleted = false;
+    let ns = &key.namespace;
+    for s in snap
+        .slices
+        .iter()
+        .filter(|s| is_ours(slice_ownership(s, opts)))
+    {
+        ctx.writer
+            .delete::<EndpointSlice>(ns, &s.name_any(), &uid_of(s.as_ref())?, "leader gone")
+            .await?;
+        deleted = true;
+    }
+    if let Some(ep) = snap
+        .endpoints
+        .as_ref()
+        .filter(|e| is_ours(endpoints_ownership(e, opts)))
+    {
+        ctx.writer
+            .delete::<Endpoints>(ns, &ep.name_any(), &uid_of(ep.as_ref())?, "leader gone")
+            .await?;
+        deleted = true;
+    }
+    if let Some(svc) = snap
+        .service
+        .as_ref()
+        .filter(|s| is_ours(service_ownership(s, opts)))
+    {
+        ctx.writer
+            .delete::<Service>(ns, &svc.name_any(), &uid_of(svc.as_ref())?, "leader gone")
+            .await?;
+        deleted = true;
+    }
+    Ok(if deleted {
+        Outcome::Deleted
+    } else {
+        Outcome::Unchanged
+    })
+}
+
+enum ServiceState {
+    /// the follower exists (or was just written) with this uid
+    Ready {
+        uid: String,
+        changed: bool,
+    },
+    Done(Outcome),
+}
+
+async fn ensure_service(
+    ctx: &Ctx,
+    key: &Key,
+    opts: &Options,
+    actual: Option<Service>,
+    desired: &Service,
+) -> Result<ServiceState> {
+    let mut actual = actual;
+    // at most: create -> AlreadyExists -> read it -> update it
+    for _ in 0..3 {
+        let Some(live) = actual.take() else {
+            match ctx.writer.create(desired).await {
+                Ok(Written::Done(s)) => {
+                    return Ok(ServiceState::Ready {
+                        uid: uid_of(&s)?,
+                        changed: true,
+                    });
+                }
+                Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+                Err(e) if e.api_code() == Some(409) => {
+                    // exists but not in our cache: it may well not be ours, so look before touching
+                    let api: Api<Service> =
+                        Api::namespaced(ctx.writer.client().clone(), &key.namespace);
+                    actual = api.get_opt(&key.name).await?;
+                    continue;
+                }
+                Err(e) if e.api_code() == Some(404) => return namespace_missing(ctx, key).await,
+                Err(e) => return Err(e),
+            }
+        };
+        let ownership = service_ownership(&live, opts);
+        if !is_ours(ownership) {
+            return Ok(ServiceState::Done(
+                ctx.conflict(key, "Service", live.object_ref(&())).await,
+            ));
+        }
+        if ownership == Ownership::Adoptable {
+            info!(key = %key, "adopting a follower left by the Go controller");
+        }
+        match service_change(&live, desired) {
+            ServiceChange::Unchanged => {
+                return Ok(ServiceState::Ready {
+                    uid: uid_of(&live)?,
+                    changed: false,
+                });
+            }
+            ServiceChange::Update(s) => {
+                return match ctx.writer.replace(s.as_ref()).await? {
+                    Written::Done(s) => Ok(ServiceState::Ready {
+                        uid: uid_of(&s)?,
+                        changed: true,
+                    }),
+                    Written::Skipped => Ok(ServiceState::Done(Outcome::Applied)),
+                };
+            }
+            ServiceChange::Recreate => {
+                ctx.writer
+                    .delete::<Service>(
+                        &key.namespace,
+                        &key.name,
+                        &uid_of(&live)?,
+                        "cannot change in place",
+                    )
+                    .await?;
+                actual = None;
+            }
+        }
+    }
+    Err(Error::Config(format!(
+        "{key}: the follower Service kept changing under us"
+    )))
+}
+
+async fn namespace_missing(ctx: &Ctx, key: &Key) -> Result<ServiceState> {
+    if ctx.create_namespaces {
+        let api: Api<Namespace> = Api::all(ctx.writer.client().clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(key.namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => info!(namespace = %key.namespace, "created missing namespace"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        // retried by the caller's back-off, now that the namespace exists
+        return Err(Error::Config(format!(
+            "namespace {} was just created",
+            key.namespace
+        )));
+    }
+    let why = format!(
+        "local namespace {:?} does not exist; mirrored as soon as it does",
+        key.namespace
+    );
+    Ok(ServiceState::Done(
+        ctx.skip(key, "NamespaceMissing", why, None).await,
+    ))
+}
+
+async fn apply_follower(
+    ctx: &Ctx,
+    key: &Key,
+    opts: &Options,
+    snap: &Snapshot,
+    mut f: Follower,
+) -> Result<Outcome> {
+    let actual = snap.service.as_deref().cloned();
+    let (uid, mut changed) = match ensure_service(ctx, key, opts, actual, &f.service).await? {
+        ServiceState::Ready { uid, changed } => (uid, changed),
+        ServiceState::Done(outcome) => return Ok(outcome),
+    };
+    let ns = &key.namespace;
+
+    // EndpointSlices: ours by name; others (e.g. mirrored by kube-controller-manager) untouched
+    set_slice_owner(&mut f.slices, &key.name, &uid);
+    let mut ours: BTreeMap<String, Arc<EndpointSlice>> = snap
+        .slices
+        .iter()
+        .filter(|s| is_ours(slice_ownership(s, opts)))
+        .map(|s| (s.name_any(), Arc::clone(s)))
+        .collect();
+    for want in &f.slices {
+        match ours.remove(&want.name_any()) {
+            Some(have) => {
+                if let Some(update) = slice_change(&have, want) {
+                    ctx.writer.replace(&update).await?;
+                    changed = true;
+                }
+            }
+            None => {
+                ctx.writer.create(want).await?;
+                changed = true;
+            }
+        }
+    }
+    for (name, stale) in ours {
+        ctx.writer
+            .delete::<EndpointSlice>(ns, &name, &uid_of(stale.as_ref())?, "no longer desired")
+            .await?;
+        changed = true;
+    }
+
+    // legacy Endpoints
+    let have_ep = snap
+        .endpoints
+        .as_deref()
+        .filter(|e| is_ours(endpoints_ownership(e, opts)));
+    match (&f.endpoints, have_ep) {
+        (Some(want), Some(have)) => {
+            if let Some(update) = endpoints_change(have, want) {
+                ctx.writer.replace(&update).await?;
+                changed = true;
+            }
+        }
+        (Some(want), None) => match ctx.writer.create(want).await {
+            Ok(_) => changed = true,
+            Err(e) if e.api_code() == Some(409) => {
+                let api: Api<Endpoints> = Api::namespaced(ctx.writer.client().clone(), ns);
+                if let Some(live) = api.get_opt(&key.name).await? {
+                    if !is_ours(endpoints_ownership(&live, opts)) {
+                        return Ok(ctx.conflict(key, "Endpoints", live.object_ref(&())).await);
+                    }
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        },
+        (None, Some(have)) => {
+            ctx.writer
+                .delete::<Endpoints>(ns, &key.name, &uid_of(have)?, "not desired in this mode")
+                .await?;
+            changed = true;
+        }
+        (None, None) => {}
+    }
+    Ok(if changed {
+        Outcome::Applied
+    } else {
+        Outcome::Unchanged
+    })
+}

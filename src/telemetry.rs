@@ -1,0 +1,69 @@
+//! Logging (human-readable, or JSON when ENV=production; RUST_LOG filters) and Sentry
+//! (SENTRY_DSN; environment from ENV; release from the crate version).
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Keeps Sentry flushing until dropped at exit.
+pub struct Telemetry {
+    _sentry: Option<sentry::ClientInitGuard>,
+}
+
+pub fn environment() -> String {
+    std::env::var("ENV")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| "development".into())
+}
+
+pub fn is_production() -> bool {
+    environment() == "production"
+}
+
+/// Sentry client options: what is sent and what never is (no default PII, so no request
+/// headers, tokens or IPs).
+pub fn sentry_options() -> sentry::ClientOptions {
+    let mut o = sentry::ClientOptions::default();
+    o.release = Some(concat!("cross-cluster-controller@", env!("CARGO_PKG_VERSION")).into());
+    o.environment = Some(environment().into());
+    o.send_default_pii = false;
+    o.attach_stacktrace = true;
+    o
+}
+
+pub fn init() -> Telemetry {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+    let sentry_guard = std::env::var("SENTRY_DSN")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .map(|dsn| sentry::init((dsn, sentry_options())));
+    // error-level events become Sentry events; info and warn lines ride along as breadcrumbs
+    let sentry_layers = sentry_guard.as_ref().map(|_| {
+        use sentry::integrations::tracing::{BreadcrumbLayer, ErrorLayer};
+        ErrorLayer::new().and_then(
+            BreadcrumbLayer::new().with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        )
+    });
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(sentry_layers);
+    if is_production() {
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            )
+            .init();
+    } else {
+        registry
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .init();
+    }
+    Telemetry {
+        _sentry: sentry_guard,
+    }
+}

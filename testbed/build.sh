@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds kube-apiserver, kube-controller-manager, kubectl, etcd and helm from the published Go
+# modules with this machine's Go toolchain, into a cache keyed by version (outside the repo).
+# A second run with the same versions returns at once.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${XCC_CACHE:-$HOME/.cache/cross-cluster-controller}
+bin="$cache/bin/k8s-v$K8S_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
+want=(kube-apiserver kube-controller-manager kubectl etcd helm)
+
+have_all() { for b in "${want[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
+if have_all; then echo "$bin"; exit 0; fi
+
+command -v go >/dev/null || { echo "testbed: go is not installed; .ci/run installs it" >&2; exit 1; }
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+mkdir -p "$bin"
+work=$(mktemp -d "$cache/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+log() { echo "testbed build: $*" >&2; }
+
+# kube-apiserver, kube-controller-manager and kubectl come from k8s.io/kubernetes, whose go.mod
+# replaces every staging module with a local path; a wrapper module replaces them with the
+# published v0.Y.Z versions instead.
+build_kubernetes() {
+  local v=$K8S_VERSION minor_v="v0.${K8S_VERSION#1.}" d="$work/kubernetes"
+  mkdir -p "$d"
+  log "fetching k8s.io/kubernetes v$v"
+  local gomod
+  gomod=$(cd "$d" && go mod download -json "k8s.io/kubernetes@v$v" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  {
+    echo "module xcc-testbed/kubernetes"
+    grep -E '^go [0-9]' "$gomod"
+    grep -E '^godebug' "$gomod" || true
+    echo "require k8s.io/kubernetes v$v"
+    # "k8s.io/foo => ./staging/src/k8s.io/foo" becomes "k8s.io/foo => k8s.io/foo v0.Y.Z"
+    sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#replace \1 => \1 '"$minor_v"'#p' "$gomod"
+    # tool directives keep the requirement (and its exact version) through go mod tidy
+    echo "tool ("
+    printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kubectl
+    echo ")"
+  } >"$d/go.mod"
+  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$v \
+    -X k8s.io/component-base/version.gitMajor=${v%%.*} \
+    -X k8s.io/component-base/version.gitMinor=$(echo "$v" | cut -d. -f2) \
+    -X k8s.io/client-go/pkg/version.gitVersion=v$v \
+    -X k8s.io/component-base/version.gitTreeState=clean"
+  log "building kube-apiserver, kube-controller-manager, kubectl v$v (several minutes when cold)"
+  (cd "$d" && go mod tidy >&2 &&
+   grep -qE "k8s.io/kubernetes v$v( |$)" go.mod &&
+   go build -trimpath -ldflags "$ldflags" -o "$bin/" \
+     k8s.io/kubernetes/cmd/kube-apiserver \
+     k8s.io/kubernetes/cmd/kube-controller-manager \
+     k8s.io/kubernetes/cmd/kubectl)
+}
+
+build_etcd() {
+  local d="$work/etcd"
+  mkdir -p "$d"
+  log "building etcd v$ETCD_VERSION"
+  (cd "$d" && go mod init xcc-testbed/etcd >/dev/null 2>&1 &&
+   go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 &&
+   go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+}
+
+build_helm() {
+  log "building helm v$HELM_VERSION"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+}
+
+[ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ] || build_kubernetes
+[ -x "$bin/etcd" ] || build_etcd
+[ -x "$bin/helm" ] || build_helm
+have_all || { echo "testbed build: some binaries are missing in $bin after the build" >&2; exit 1; }
+echo "$bin"

@@ -1,0 +1,191 @@
+//! Test support: the real test bed (see testbed/bed), a fresh namespace per test in every
+//! cluster, clients per cluster, waiting on conditions with a deadline, and the real daemon binary.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tokio::sync::OnceCell;
+
+/// The cluster the daemon under test reads from.
+pub const REMOTE: &str = "east";
+/// The cluster the daemon under test writes to.
+pub const LOCAL: &str = "west";
+
+pub struct Bed {
+    pub kubeconfig: PathBuf,
+    pub dir: PathBuf,
+}
+
+static BED: OnceCell<Bed> = OnceCell::const_new();
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs testbed/bed with the given arguments; panics with its own error text when it fails, so a
+/// control plane that cannot start fails the test with the reason instead of skipping it.
+pub fn bed_cmd(args: &[&str]) -> String {
+    let script = repo_root().join("testbed/bed");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "testbed/bed {} failed ({}):\n{stderr}",
+        args.join(" "),
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Brings the test bed up once per test process (the script itself is idempotent and locked, so
+/// every test binary of a run shares one bed).
+pub async fn bed() -> &'static Bed {
+    BED.get_or_init(|| async {
+        tokio::task::spawn_blocking(|| {
+            bed_cmd(&["up"]);
+            let env = bed_cmd(&["env"]);
+            let get = |var: &str| -> PathBuf {
+                env.lines()
+                    .find_map(|l| l.strip_prefix(&format!("export {var}=")))
+                    .map(|v| PathBuf::from(v.trim_matches('\'')))
+                    .unwrap_or_else(|| panic!("testbed/bed env did not print {var}"))
+            };
+            Bed {
+                kubeconfig: get("XCC_TESTBED_KUBECONFIG"),
+                dir: get("XCC_TESTBED_DIR"),
+            }
+        })
+        .await
+        .expect("test bed start-up task panicked")
+    })
+    .await
+}
+
+pub async fn config(context: &str) -> Config {
+    let bed = bed().await;
+    let kc = Kubeconfig::read_from(&bed.kubeconfig).expect("read the test bed kubeconfig");
+    let opts = KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .expect("kubeconfig context")
+}
+
+/// An admin client for one cluster of the bed.
+pub async fn client(context: &str) -> Client {
+    Client::try_from(config(context).await).expect("build client")
+}
+
+/// A namespace of the same name in every cluster of the bed, deleted when dropped.
+pub struct TestNs {
+    pub name: String,
+    contexts: Vec<String>,
+}
+
+pub async fn namespace(test: &str) -> TestNs {
+    namespace_in(test, &[REMOTE, LOCAL]).await
+}
+
+pub async fn namespace_in(test: &str, contexts: &[&str]) -> TestNs {
+    let suffix = format!("{:08x}", rand_u32());
+    let mut base: String = test
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    base.truncate(40);
+    let name = format!("t-{}-{suffix}", base.trim_matches('-'));
+    for ctx in contexts {
+        let api: Api<Namespace> = Api::all(client(ctx).await);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("xcc-test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &ns)
+            .await
+            .expect("create test namespace");
+    }
+    TestNs {
+        name,
+        contexts: contexts.iter().map(|c| c.to_string()).collect(),
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        if std::env::var_os("XCC_KEEP_NAMESPACES").is_some() {
+            return;
+        }
+        let name = self.name.clone();
+        let contexts = self.contexts.clone();
+        // Drop cannot await; delete from a separate thread with its own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async {
+                    for ctx in contexts {
+                        let api: Api<Namespace> = Api::all(client(&ctx).await);
+                        let _ = api.delete(&name, &DeleteParams::background()).await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish() as u32
+}
+
+/// Polls `check` until it returns Some, or panics after `timeout` naming what was awaited and
+/// the last observation. Never a fixed sleep: the loop ends as soon as the condition holds.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match check().await {
+            Ok(v) => return v,
+            Err(why) => why,
+        };
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Builds a typed object from JSON (test fixtures read like the YAML a user would write).
+pub fn obj<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+    serde_json::from_value(v).expect("fixture deserializes")
+}
