@@ -1,6 +1,8 @@
 //! cross-cluster-controller: mirrors labelled Services of a remote cluster into the local one.
 //!
 //! Data flows one way: remote watches -> [`cache`] -> pure [`desired`] state -> the local writer.
+pub mod admin;
+pub mod app;
 pub mod args;
 pub mod cache;
 pub mod clients;
@@ -10,6 +12,7 @@ pub mod lease;
 pub mod metrics;
 pub mod queue;
 pub mod reconcile;
+pub mod sweeper;
 pub mod telemetry;
 pub mod writer;
 

@@ -45,15 +45,18 @@ impl Key {
 pub struct RemoteState {
     pub name: Arc<str>,
     pub opts: Options,
+    /// namespaces mirrored from this remote (empty: all)
+    pub namespaces: Vec<String>,
     pub services: RwLock<Cache<Service>>,
     pub slices: RwLock<Cache<EndpointSlice>>,
 }
 
 impl RemoteState {
-    pub fn new(name: &str, opts: Options) -> Self {
+    pub fn new(name: &str, opts: Options, namespaces: Vec<String>) -> Self {
         Self {
             name: name.into(),
             opts,
+            namespaces,
             services: RwLock::new(Cache::new(by_name::<Service>)),
             slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
         }
@@ -61,6 +64,10 @@ impl RemoteState {
 
     pub fn ready(&self) -> bool {
         read(&self.services).ready() && read(&self.slices).ready()
+    }
+
+    pub fn in_scope(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 }
 
@@ -235,6 +242,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     // a cache that has not completed a listing proves nothing: no decision on it
     if !remote.ready() || !ctx.local.ready() {
         return Ok(Outcome::NotReady);
+    }
+    if !remote.in_scope(&key.namespace) {
+        return Ok(Outcome::Unchanged);
     }
     let g = key.group();
     let snap = ctx.snapshot(remote, &g);
@@ -445,10 +455,26 @@ async fn apply_follower(
                     changed = true;
                 }
             }
-            None => {
-                ctx.writer.create(want).await?;
-                changed = true;
-            }
+            None => match ctx.writer.create(want).await {
+                Ok(_) => changed = true,
+                Err(e) if e.api_code() == Some(409) => {
+                    // our cache has not seen it yet (our own earlier write, usually): compare live
+                    let api: Api<EndpointSlice> = Api::namespaced(ctx.writer.client().clone(), ns);
+                    let Some(live) = api.get_opt(&want.name_any()).await? else {
+                        return Err(e);
+                    };
+                    if !is_ours(slice_ownership(&live, opts)) {
+                        return Ok(ctx
+                            .conflict(key, "EndpointSlice", live.object_ref(&()))
+                            .await);
+                    }
+                    if let Some(update) = slice_change(&live, want) {
+                        ctx.writer.replace(&update).await?;
+                        changed = true;
+                    }
+                }
+                Err(e) => return Err(e),
+            },
         }
     }
     for (name, stale) in ours {
@@ -474,12 +500,16 @@ async fn apply_follower(
             Ok(_) => changed = true,
             Err(e) if e.api_code() == Some(409) => {
                 let api: Api<Endpoints> = Api::namespaced(ctx.writer.client().clone(), ns);
-                if let Some(live) = api.get_opt(&key.name).await? {
-                    if !is_ours(endpoints_ownership(&live, opts)) {
-                        return Ok(ctx.conflict(key, "Endpoints", live.object_ref(&())).await);
-                    }
+                let Some(live) = api.get_opt(&key.name).await? else {
+                    return Err(e);
+                };
+                if !is_ours(endpoints_ownership(&live, opts)) {
+                    return Ok(ctx.conflict(key, "Endpoints", live.object_ref(&())).await);
                 }
-                return Err(e);
+                if let Some(update) = endpoints_change(&live, want) {
+                    ctx.writer.replace(&update).await?;
+                    changed = true;
+                }
             }
             Err(e) => return Err(e),
         },

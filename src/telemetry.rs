@@ -33,8 +33,9 @@ pub fn sentry_options() -> sentry::ClientOptions {
 }
 
 pub fn init() -> Telemetry {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,kube_runtime=warn,kube_client=warn,tokio_cron_scheduler=warn")
+    });
     let sentry_guard = std::env::var("SENTRY_DSN")
         .ok()
         .filter(|d| !d.is_empty())

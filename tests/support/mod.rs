@@ -2,6 +2,8 @@
 //! cluster, clients per cluster, waiting on conditions with a deadline, and the real daemon binary.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod daemon;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;

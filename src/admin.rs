@@ -1,0 +1,81 @@
+//! The admin server: /healthz (alive), /readyz (every cache has completed its first listing;
+//! the body says which are not), /metrics (Prometheus text).
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::reconcile::{LocalState, RemoteState};
+
+pub struct AdminState {
+    pub metrics: Arc<Metrics>,
+    pub remotes: Vec<Arc<RemoteState>>,
+    pub local: Arc<LocalState>,
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    let mut lines = Vec::new();
+    let mut ready = true;
+    for r in &s.remotes {
+        let ok = r.ready();
+        ready &= ok;
+        lines.push(format!(
+            "remote {}: {}",
+            r.name,
+            if ok {
+                "synced"
+            } else {
+                "not synced (first listing incomplete)"
+            }
+        ));
+    }
+    let ok = s.local.ready();
+    ready &= ok;
+    lines.push(format!(
+        "local followers: {}",
+        if ok { "synced" } else { "not synced" }
+    ));
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, lines.join("\n") + "\n")
+}
+
+async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+}
+
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AdminState>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    Ok(())
+}

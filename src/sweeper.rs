@@ -1,0 +1,357 @@
+//! The sweeper: on each tick (leader only) it takes fresh, complete, paginated listings of the
+//! local followers and then of the remote leaders, and deletes followers whose leader is
+//! confirmed gone. Any listing that fails or times out aborts the sweep: nothing is deleted.
+//! Local is listed before remote, so a follower created for a brand-new leader during the sweep
+//! is always matched by the (later) remote listing.
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use crate::cache::{GroupKey, by_service_label};
+use crate::desired::{Options, Ownership, endpoints_ownership, service_ownership, slice_ownership};
+use crate::error::{Error, Result};
+use crate::metrics::labels;
+use crate::reconcile::Ctx;
+
+const PAGE: u32 = 500;
+
+/// Lists every object matching the selector, page by page; an error or a page slower than
+/// `timeout` fails the whole listing.
+pub async fn list_all<K>(api: &Api<K>, selector: &str, timeout: Duration) -> Result<Vec<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = ListParams::default().labels(selector).limit(PAGE);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = tokio::time::timeout(timeout, api.list(&lp))
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "listing {} took longer than {timeout:?}",
+                    K::kind(&())
+                ))
+            })??;
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        out.extend(page.items);
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
+/// One local object to delete.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Orphan {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+fn group_of<K: Resource>(o: &K, by_label: bool) -> Option<GroupKey> {
+    let ns = o.meta().namespace.clone()?;
+    let g = if by_label {
+        by_service_label(o)?
+    } else {
+        o.meta().name.clone()?
+    };
+    Some((ns, g))
+}
+
+fn orphan<K: Resource<DynamicType = ()>>(o: &K, kind: &'static str) -> Option<Orphan> {
+    Some(Orphan {
+        kind,
+        namespace: o.meta().namespace.clone()?,
+        name: o.meta().name.clone()?,
+        uid: o.meta().uid.clone()?,
+    })
+}
+
+/// Pure: which of our local followers have no leader in the complete remote listing. Objects
+/// that are not ours, or in a namespace this remote is not watched in, are never candidates.
+pub fn orphans(
+    leaders: &HashSet<GroupKey>,
+    services: &[Service],
+    slices: &[EndpointSlice],
+    endpoints: &[Endpoints],
+    opts: &Options,
+    namespaces: &[String],
+) -> Vec<Orphan> {
+    let ours = |o: Ownership| matches!(o, Ownership::Ours | Ownership::Adoptable);
+    let in_scope = |g: &GroupKey| namespaces.is_empty() || namespaces.contains(&g.0);
+    let gone = |g: Option<GroupKey>| g.is_some_and(|g| in_scope(&g) && !leaders.contains(&g));
+    let mut out: Vec<Orphan> = Vec::new();
+    out.extend(
+        slices
+            .iter()
+            .filter(|s| ours(slice_ownership(s, opts)) && gone(group_of(*s, true)))
+            .filter_map(|s| orphan(s, "EndpointSlice")),
+    );
+    out.extend(
+        endpoints
+            .iter()
+            .filter(|e| ours(endpoints_ownership(e, opts)) && gone(group_of(*e, false)))
+            .filter_map(|e| orphan(e, "Endpoints")),
+    );
+    out.extend(
+        services
+            .iter()
+            .filter(|s| ours(service_ownership(s, opts)) && gone(group_of(*s, false)))
+            .filter_map(|s| orphan(s, "Service")),
+    );
+    out
+}
+
+pub struct SweepReport {
+    pub leaders: usize,
+    pub followers: usize,
+    pub deleted: usize,
+}
+
+pub async fn sweep(
+    ctx: &Ctx,
+    remote_name: &str,
+    remote: &Client,
+    opts: &Options,
+    namespaces: &[String],
+    timeout: Duration,
+) -> Result<SweepReport> {
+    let local = ctx.writer.client().clone();
+    let sel = opts.follower_selector();
+    let services = list_all(&Api::<Service>::all(local.clone()), &sel, timeout).await?;
+    let slices = list_all(&Api::<EndpointSlice>::all(local.clone()), &sel, timeout).await?;
+    let endpoints = list_all(&Api::<Endpoints>::all(local), &sel, timeout).await?;
+
+    let leader_sel = opts.leader_selector();
+    let mut leaders = HashSet::new();
+    let apis: Vec<Api<Service>> = if namespaces.is_empty() {
+        vec![Api::all(remote.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(remote.clone(), ns))
+            .collect()
+    };
+    for api in &apis {
+        for s in list_all(api, &leader_sel, timeout).await? {
+            leaders.insert((s.namespace().unwrap_or_default(), s.name_any()));
+        }
+    }
+
+    let plan = orphans(&leaders, &services, &slices, &endpoints, opts, namespaces);
+    let mut deleted = 0;
+    for o in &plan {
+        let r = match o.kind {
+            "Service" => {
+                ctx.writer
+                    .delete::<Service>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
+                    .await
+            }
+            "EndpointSlice" => {
+                ctx.writer
+                    .delete::<EndpointSlice>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
+                    .await
+            }
+            _ => {
+                ctx.writer
+                    .delete::<Endpoints>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
+                    .await
+            }
+        };
+        r?;
+        deleted += 1;
+        ctx.metrics
+            .sweep_deletions
+            .get_or_create(&labels([("remote", remote_name)]))
+            .inc();
+    }
+    Ok(SweepReport {
+        leaders: leaders.len(),
+        followers: services.len(),
+        deleted,
+    })
+}
+
+/// Runs one sweep and logs its one-line summary; never propagates an error.
+pub async fn sweep_logged(
+    ctx: &Ctx,
+    remote_name: &str,
+    remote: &Client,
+    opts: &Options,
+    namespaces: &[String],
+    timeout: Duration,
+) {
+    let started = Instant::now();
+    match sweep(ctx, remote_name, remote, opts, namespaces, timeout).await {
+        Ok(r) => {
+            ctx.metrics
+                .sweeps
+                .get_or_create(&labels([("remote", remote_name), ("outcome", "done")]))
+                .inc();
+            info!(
+                remote = remote_name,
+                leaders = r.leaders,
+                followers = r.followers,
+                deleted = r.deleted,
+                took_ms = started.elapsed().as_millis() as u64,
+                "sweep done"
+            );
+        }
+        Err(e) => {
+            ctx.metrics
+                .sweeps
+                .get_or_create(&labels([("remote", remote_name), ("outcome", "aborted")]))
+                .inc();
+            warn!(remote = remote_name, error = %e, category = e.category(), "sweep aborted: nothing deleted");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::EndpointsMode;
+    use serde_json::json;
+
+    fn opts() -> Options {
+        Options {
+            label_key: "fair.com/cross-cluster".into(),
+            cluster_name: "east".into(),
+            endpoints_mode: EndpointsMode::Slices,
+        }
+    }
+
+    fn svc(
+        ns: &str,
+        name: &str,
+        labels: serde_json::Value,
+        annotations: serde_json::Value,
+    ) -> Service {
+        serde_json::from_value(
+            json!({"metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"),
+            "labels": labels, "annotations": annotations}}),
+        )
+        .unwrap()
+    }
+
+    fn follower(ns: &str, name: &str) -> Service {
+        svc(
+            ns,
+            name,
+            json!({"fair.com/cross-cluster": "follower"}),
+            json!({"fair.com/cross-cluster-origin-cluster": "east"}),
+        )
+    }
+
+    fn slice(ns: &str, name: &str, service: &str, managed_by: &str) -> EndpointSlice {
+        serde_json::from_value(
+            json!({"metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"),
+            "labels": {"fair.com/cross-cluster": "follower", "kubernetes.io/service-name": service,
+                       "endpointslice.kubernetes.io/managed-by": managed_by},
+            "annotations": {"fair.com/cross-cluster-origin-cluster": "east"}},
+            "addressType": "IPv4", "endpoints": []}),
+        )
+        .unwrap()
+    }
+
+    fn leaders(keys: &[(&str, &str)]) -> HashSet<GroupKey> {
+        keys.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn only_our_followers_without_a_leader_are_orphans() {
+        let services = vec![
+            follower("a", "kept"),
+            follower("a", "gone"),
+            svc("a", "plain", json!({}), json!({})),
+            svc(
+                "a",
+                "other-remote",
+                json!({"fair.com/cross-cluster": "follower"}),
+                json!({"fair.com/cross-cluster-origin-cluster": "north"}),
+            ),
+            svc(
+                "a",
+                "go-era",
+                json!({"fair.com/cross-cluster": "follower"}),
+                json!({}),
+            ),
+        ];
+        let slices = vec![
+            slice("a", "gone-1", "gone", crate::desired::MANAGED_BY),
+            slice(
+                "a",
+                "gone-mirrored",
+                "gone",
+                "endpointslicemirroring-controller.k8s.io",
+            ),
+            slice("a", "kept-1", "kept", crate::desired::MANAGED_BY),
+        ];
+        let mut got = orphans(
+            &leaders(&[("a", "kept")]),
+            &services,
+            &slices,
+            &[],
+            &opts(),
+            &[],
+        );
+        got.sort();
+        let names: Vec<_> = got.iter().map(|o| (o.kind, o.name.as_str())).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("EndpointSlice", "gone-1"),
+                ("Service", "go-era"),
+                ("Service", "gone")
+            ]
+        );
+        assert!(
+            got.iter().all(|o| o.uid.starts_with("uid-")),
+            "deletes carry the uid precondition"
+        );
+    }
+
+    #[test]
+    fn every_leader_present_means_nothing_to_delete() {
+        let services = vec![follower("a", "x"), follower("b", "y")];
+        assert!(
+            orphans(
+                &leaders(&[("a", "x"), ("b", "y")]),
+                &services,
+                &[],
+                &[],
+                &opts(),
+                &[]
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn followers_outside_the_watched_namespaces_are_left_alone() {
+        let services = vec![follower("watched", "x"), follower("elsewhere", "y")];
+        let got = orphans(
+            &leaders(&[]),
+            &services,
+            &[],
+            &[],
+            &opts(),
+            &["watched".to_string()],
+        );
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].namespace, "watched");
+    }
+}

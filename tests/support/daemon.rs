@@ -1,0 +1,215 @@
+//! The real daemon binary, started as a user would: `--devmode` with contexts of the test bed.
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{LOCAL, REMOTE, bed, eventually};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cross-cluster-controller");
+
+pub struct Daemon {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub admin: u16,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Arguments for a daemon that reads REMOTE and writes LOCAL, confined to one namespace (so
+/// tests running in parallel never see each other's objects), with its Lease there too.
+pub fn args_for(ns: &str) -> Vec<String> {
+    [
+        "--devmode",
+        "--local-context",
+        LOCAL,
+        "--remote-context",
+        REMOTE,
+        "--namespace",
+        ns,
+        "--watch-namespace",
+        ns,
+        "--lease-duration-seconds",
+        "6",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+impl Daemon {
+    /// Starts the binary with `args` plus `--kubeconfig` and `--admin-bind`; KUBECONFIG points at
+    /// the bed (dev mode reads the local cluster from it).
+    pub async fn start(args: &[String]) -> Daemon {
+        Self::start_with_env(args, &[]).await
+    }
+
+    pub async fn start_with_env(args: &[String], env: &[(&str, &str)]) -> Daemon {
+        let bed = bed().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("daemon.log");
+        let admin = free_port();
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .arg("--kubeconfig")
+            .arg(&bed.kubeconfig)
+            .arg("--admin-bind")
+            .arg(format!("127.0.0.1:{admin}"))
+            .env("KUBECONFIG", &bed.kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("ENV")
+            .env_remove("SENTRY_DSN")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start the daemon binary");
+        Daemon {
+            child: Some(child),
+            log,
+            admin,
+            _dir: dir,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> Result<(u16, String), String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.admin)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+        let code = body
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let text = body
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, text))
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    pub fn readyz(&self) -> Result<(u16, String), String> {
+        self.get("/readyz")
+    }
+
+    /// Sum of the samples of a metric whose line contains every one of `filters`.
+    pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
+        metric_value(&self.metrics(), name, filters)
+    }
+
+    /// Waits until the daemon is leader with complete caches and has finished its first sweep.
+    pub async fn wait_synced(&self) {
+        eventually(
+            "the daemon to lead, sync its caches and finish a first sweep",
+            Duration::from_secs(30),
+            || async {
+                if let Some(status) = self.exited() {
+                    return Err(format!("daemon exited ({status}):\n{}", self.logs()));
+                }
+                if self.logs().contains("sweep done") {
+                    Ok(())
+                } else {
+                    Err(self.logs())
+                }
+            },
+        )
+        .await
+    }
+
+    pub fn exited(&self) -> Option<String> {
+        None.or_else(|| {
+            let pid = self.child.as_ref()?.id();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.contains(") Z ").then(|| "zombie".to_string())
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL, no goodbye (a crash).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit code.
+    pub async fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        for _ in 0..200 {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = c.kill();
+        c.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon log ({}) ---\n{}",
+                self.log.display(),
+                self.logs()
+            );
+        }
+    }
+}
+
+pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs the binary to completion (for start-up failures) and returns (exit code, output).
+pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("ENV")
+        .env_remove("KUBECONFIG_PATH");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the daemon binary");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
