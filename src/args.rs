@@ -142,12 +142,12 @@ impl Args {
                 ));
             }
         }
-        if let Some(name) = &self.cluster_name {
-            if name.is_empty() || name.len() > 253 {
-                return Err(format!(
-                    "--cluster-name {name:?} must be 1 to 253 characters"
-                ));
-            }
+        if let Some(name) = &self.cluster_name
+            && (name.is_empty() || name.len() > 253)
+        {
+            return Err(format!(
+                "--cluster-name {name:?} must be 1 to 253 characters"
+            ));
         }
         Ok(())
     }
@@ -173,10 +173,10 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    if let Some(p) = prefix {
-        if p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label) {
-            return bad("the prefix must be a DNS subdomain");
-        }
+    if let Some(p) = prefix
+        && (p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label))
+    {
+        return bad("the prefix must be a DNS subdomain");
     }
     let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
     if name.is_empty() || name.len() > 63 {

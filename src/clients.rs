@@ -26,14 +26,14 @@ fn config_err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 async fn from_kubeconfig(kc: Kubeconfig, context: Option<&str>, what: &str) -> Result<Config> {
-    if let Some(ctx) = context {
-        if !kc.contexts.iter().any(|c| c.name == ctx) {
-            let known: Vec<_> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
-            return Err(Error::Config(format!(
-                "{what}: context {ctx:?} is not in the kubeconfig (it has: {})",
-                known.join(", ")
-            )));
-        }
+    if let Some(ctx) = context
+        && !kc.contexts.iter().any(|c| c.name == ctx)
+    {
+        let known: Vec<_> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(Error::Config(format!(
+            "{what}: context {ctx:?} is not in the kubeconfig (it has: {})",
+            known.join(", ")
+        )));
     }
     let opts = KubeConfigOptions {
         context: context.map(str::to_string),

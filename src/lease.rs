@@ -177,11 +177,11 @@ pub fn spawn(
                 Ok(Err(e)) => warn!(error = %e, category = e.category(), "lease round failed"),
                 Err(_) => warn!("lease round timed out"),
             }
-            if let Some(at) = last_renew {
-                if at.elapsed() >= cfg.renew_deadline() {
-                    last_renew = None;
-                    set(false);
-                }
+            if let Some(at) = last_renew
+                && at.elapsed() >= cfg.renew_deadline()
+            {
+                last_renew = None;
+                set(false);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
