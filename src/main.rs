@@ -19,7 +19,11 @@ fn main() {
         }
     };
     if let Err(e) = runtime.block_on(app::run(args)) {
-        tracing::error!(category = e.category(), "{e}");
+        // bad configuration is the user's to fix: one line on stderr; anything else is also
+        // reported through tracing (and so Sentry)
+        if !matches!(e, cross_cluster_controller::Error::Config(_)) {
+            tracing::error!(category = e.category(), "{e}");
+        }
         eprintln!("error: {e}");
         std::process::exit(1);
     }
