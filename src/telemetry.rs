@@ -32,6 +32,18 @@ pub fn sentry_options() -> sentry::ClientOptions {
     o
 }
 
+/// Error-level events become Sentry events; info and warn lines ride along as breadcrumbs.
+pub fn sentry_layer<S>() -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use sentry::integrations::tracing::{BreadcrumbLayer, ErrorLayer};
+    use tracing_subscriber::filter::LevelFilter;
+    ErrorLayer::new()
+        .with_filter(LevelFilter::ERROR)
+        .and_then(BreadcrumbLayer::new().with_filter(LevelFilter::INFO))
+}
+
 pub fn init() -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("info,kube_runtime=warn,kube_client=warn,tokio_cron_scheduler=warn")
@@ -66,5 +78,40 @@ pub fn init() -> Telemetry {
     }
     Telemetry {
         _sentry: sentry_guard,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_becomes_a_sentry_event_with_release_and_environment() {
+        let events = sentry::test::with_captured_events_options(
+            || {
+                let subscriber = tracing_subscriber::registry().with(sentry_layer());
+                tracing::subscriber::with_default(subscriber, || {
+                    tracing::info!("context line");
+                    tracing::error!(category = "forbidden", "reconcile keeps failing");
+                });
+            },
+            sentry_options(),
+        );
+        assert_eq!(events.len(), 1, "one event for the one error line");
+        let ev = &events[0];
+        assert_eq!(
+            ev.release.as_deref(),
+            Some(concat!(
+                "cross-cluster-controller@",
+                env!("CARGO_PKG_VERSION")
+            ))
+        );
+        assert_eq!(ev.environment.as_deref(), Some(environment().as_str()));
+        let text = format!("{ev:?}");
+        assert!(text.contains("reconcile keeps failing"), "{text}");
+        assert!(
+            text.contains("context line"),
+            "info lines ride along as breadcrumbs: {text}"
+        );
     }
 }

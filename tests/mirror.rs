@@ -348,6 +348,24 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
         "no slices written for it"
     );
     assert!(d.logs().contains("not our follower"), "a log line says why");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client(LOCAL).await, &e.ns.name);
+    eventually("an Event on the local Service", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|x| x.to_string())?;
+        let hit = list.items.iter().any(|ev| {
+            ev.reason.as_deref() == Some("NotOurFollower")
+                && ev.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("db")
+        });
+        if hit {
+            Ok(())
+        } else {
+            Err(format!("{} events", list.items.len()))
+        }
+    })
+    .await;
 
     // deleting the remote leader must not delete the local non-follower either
     e.remote_svc
@@ -747,6 +765,37 @@ async fn legacy_endpoints_modes_do_not_get_mirrored_twice() {
         "{managers:?}"
     );
     drop(d);
+}
+
+#[tokio::test]
+async fn production_logs_are_json_lines() {
+    let e = env("mirror-json-logs").await;
+    e.remote_svc
+        .create(&PostParams::default(), &leader("web", http_spec()))
+        .await
+        .unwrap();
+    let d = Daemon::start_with_env(&args_for(&e.ns.name), &[("ENV", "production")]).await;
+    d.wait_synced().await;
+    eventually("the follower", WAIT, || async {
+        e.local_svc
+            .get_opt("web")
+            .await
+            .map_err(|x| x.to_string())?
+            .map(|_| ())
+            .ok_or("absent".into())
+    })
+    .await;
+    let logs = d.logs();
+    let mut created = false;
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|err| panic!("not JSON ({err}): {line}"));
+        created |= v["message"] == "created" && v["kind"] == "Service" && v["name"] == "web";
+    }
+    assert!(
+        created,
+        "a JSON line records the creation with its fields:\n{logs}"
+    );
 }
 
 #[tokio::test]

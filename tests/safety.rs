@@ -15,11 +15,17 @@ const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn leader(name: &str) -> Service {
-    obj(json!({"metadata": {"name": name, "labels": {KEY: "true"}}, "spec": {"ports": [{"port": 80}]}}))
+    obj(
+        json!({"metadata": {"name": name, "labels": {KEY: "true"}}, "spec": {"ports": [{"port": 80}]}}),
+    )
 }
 
 async fn exists(api: &Api<Service>, name: &str) -> Result<(), String> {
-    api.get_opt(name).await.map_err(|e| e.to_string())?.map(|_| ()).ok_or_else(|| format!("{name} absent"))
+    api.get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .map(|_| ())
+        .ok_or_else(|| format!("{name} absent"))
 }
 
 /// The remote of this test is a cluster of its own (`north`), so stopping it disturbs no
@@ -27,20 +33,38 @@ async fn exists(api: &Api<Service>, name: &str) -> Result<(), String> {
 #[tokio::test]
 async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     const NORTH: &str = "north";
-    tokio::task::spawn_blocking(|| bed_cmd(&["up", NORTH])).await.unwrap();
+    tokio::task::spawn_blocking(|| bed_cmd(&["up", NORTH]))
+        .await
+        .unwrap();
     let ns = namespace("safety-remote-down").await;
     let north_ns: Api<Namespace> = Api::all(client(NORTH).await);
-    let _ = north_ns.create(&PostParams::default(), &obj(json!({"metadata": {"name": ns.name}}))).await;
+    let _ = north_ns
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": ns.name}})),
+        )
+        .await;
     let remote: Api<Service> = Api::namespaced(client(NORTH).await, &ns.name);
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     for n in ["a", "b", "c"] {
-        remote.create(&PostParams::default(), &leader(n)).await.unwrap();
+        remote
+            .create(&PostParams::default(), &leader(n))
+            .await
+            .unwrap();
     }
 
     let mut args = args_for(&ns.name);
     let ctx = args.iter().position(|a| a == "--remote-context").unwrap();
     args[ctx + 1] = NORTH.to_string();
-    args.extend(["--sweep-schedule", "*/1 * * * * *", "--sweep-list-timeout-seconds", "2"].map(String::from));
+    args.extend(
+        [
+            "--sweep-schedule",
+            "*/1 * * * * *",
+            "--sweep-list-timeout-seconds",
+            "2",
+        ]
+        .map(String::from),
+    );
     let mut d = Daemon::start(&args).await;
     d.wait_synced().await;
     for n in ["a", "b", "c"] {
@@ -48,10 +72,16 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     }
 
     // the remote API server dies (etcd stays): watches fail, sweeps must abort, nothing deleted
-    tokio::task::spawn_blocking(|| bed_cmd(&["kill", NORTH, "apiserver"])).await.unwrap();
+    tokio::task::spawn_blocking(|| bed_cmd(&["kill", NORTH, "apiserver"]))
+        .await
+        .unwrap();
     eventually("three aborted sweeps", WAIT, || async {
         let n = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-        if n >= 3.0 { Ok(()) } else { Err(format!("{n}")) }
+        if n >= 3.0 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
     })
     .await;
     // and a daemon started while the remote is down never gets a complete listing
@@ -63,16 +93,23 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     })
     .await;
     let (code, body) = d2.readyz().unwrap();
-    assert_eq!(code, 503, "not ready while the remote has never been listed: {body}");
+    assert_eq!(
+        code, 503,
+        "not ready while the remote has never been listed: {body}"
+    );
     assert!(body.contains("remote north: not synced"), "{body}");
     for n in ["a", "b", "c"] {
-        exists(&local, n).await.expect("no follower is deleted while the remote is unreachable");
+        exists(&local, n)
+            .await
+            .expect("no follower is deleted while the remote is unreachable");
     }
     assert_eq!(d2.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
     assert!(d2.logs().contains("sweep aborted: nothing deleted"));
 
     // back: a real deletion made while it was down is now proven by a complete listing
-    tokio::task::spawn_blocking(|| bed_cmd(&["start", NORTH])).await.unwrap();
+    tokio::task::spawn_blocking(|| bed_cmd(&["start", NORTH]))
+        .await
+        .unwrap();
     remote.delete("b", &DeleteParams::default()).await.unwrap();
     eventually("the follower of the deleted leader to go", WAIT, || async {
         match local.get_opt("b").await.map_err(|e| e.to_string())? {
@@ -104,31 +141,60 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
     args[n - 1] = "replica-2".to_string();
     let mut two = Daemon::start(&args).await;
     eventually("replica 2 to serve metrics", WAIT, || async {
-        if two.metrics().contains("xcc_leader") { Ok(()) } else { Err("no metrics yet".to_string()) }
+        if two.metrics().contains("xcc_leader") {
+            Ok(())
+        } else {
+            Err("no metrics yet".to_string())
+        }
     })
     .await;
     assert!(is_leader(&one) && !is_leader(&two), "exactly one leader");
 
-    remote.create(&PostParams::default(), &leader("x")).await.unwrap();
+    remote
+        .create(&PostParams::default(), &leader("x"))
+        .await
+        .unwrap();
     eventually("the leader mirrors", WAIT, || exists(&local, "x")).await;
-    assert_eq!(two.metric("xcc_writes_total", &[]), 0.0, "the standby never writes");
+    assert_eq!(
+        two.metric("xcc_writes_total", &[]),
+        0.0,
+        "the standby never writes"
+    );
 
     // crash the leader: the standby takes over after the lease expires
     one.kill();
     let leases: Api<Lease> = Api::namespaced(client(LOCAL).await, &ns.name);
-    eventually("replica 2 to take over", Duration::from_secs(20), || async {
-        if is_leader(&two) { Ok(()) } else { Err(two.logs()) }
-    })
+    eventually(
+        "replica 2 to take over",
+        Duration::from_secs(20),
+        || async {
+            if is_leader(&two) {
+                Ok(())
+            } else {
+                Err(two.logs())
+            }
+        },
+    )
     .await;
     let lease = leases.get("cross-cluster-controller").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("replica-2"));
-    remote.create(&PostParams::default(), &leader("y")).await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("replica-2")
+    );
+    remote
+        .create(&PostParams::default(), &leader("y"))
+        .await
+        .unwrap();
     eventually("the new leader mirrors", WAIT, || exists(&local, "y")).await;
 
     // a clean stop releases the lease at once, and exits 0
     assert_eq!(two.terminate().await, Some(0));
     let lease = leases.get("cross-cluster-controller").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity, None, "released on SIGTERM");
+    assert_eq!(
+        lease.spec.unwrap().holder_identity,
+        None,
+        "released on SIGTERM"
+    );
 }
 
 #[tokio::test]
@@ -145,19 +211,68 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
         (vec!["--endpoints-mode", "sideways"], "--endpoints-mode"),
         (vec!["--sweep-schedule", "sometimes"], "--sweep-schedule"),
         (vec!["--label-key", "not a key"], "--label-key"),
-        (vec!["--devmode", "--local-context", LOCAL, "--kubeconfig", &broken], "remote kubeconfig"),
-        (vec!["--devmode", "--local-context", LOCAL, "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
-        (vec!["--devmode", "--local-context", LOCAL, "--kubeconfig", &kc, "--remote-context", "nowhere"], "\"nowhere\""),
-        (vec!["--devmode", "--local-context", REMOTE, "--kubeconfig", &kc, "--remote-context", REMOTE], "same API server"),
-        (vec!["--kubeconfig", &kc, "--remote-context", REMOTE], "in-cluster"),
+        (
+            vec![
+                "--devmode",
+                "--local-context",
+                LOCAL,
+                "--kubeconfig",
+                &broken,
+            ],
+            "remote kubeconfig",
+        ),
+        (
+            vec![
+                "--devmode",
+                "--local-context",
+                LOCAL,
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+            ],
+            "/nonexistent/kubeconfig",
+        ),
+        (
+            vec![
+                "--devmode",
+                "--local-context",
+                LOCAL,
+                "--kubeconfig",
+                &kc,
+                "--remote-context",
+                "nowhere",
+            ],
+            "\"nowhere\"",
+        ),
+        (
+            vec![
+                "--devmode",
+                "--local-context",
+                REMOTE,
+                "--kubeconfig",
+                &kc,
+                "--remote-context",
+                REMOTE,
+            ],
+            "same API server",
+        ),
+        (
+            vec!["--kubeconfig", &kc, "--remote-context", REMOTE],
+            "in-cluster",
+        ),
     ];
     for (args, needle) in cases {
         let (code, out) = run_to_exit(&args, &kenv);
         assert_ne!(code, 0, "{args:?} must fail:\n{out}");
         let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
         let first = lines.first().copied().unwrap_or_default();
-        assert!(out.contains(needle), "{args:?}: expected {needle:?} in:\n{out}");
-        assert!(first.starts_with("error"), "{args:?}: starts with the error:\n{out}");
+        assert!(
+            out.contains(needle),
+            "{args:?}: expected {needle:?} in:\n{out}"
+        );
+        assert!(
+            first.starts_with("error"),
+            "{args:?}: starts with the error:\n{out}"
+        );
         if !needle.starts_with("--") {
             assert_eq!(lines.len(), 1, "{args:?}: one line, got:\n{out}");
         }
@@ -170,15 +285,27 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     let other = namespace("safety-scope-other").await;
     // a leader in a namespace the daemon does not watch, with a same-named local non-follower
     let remote_other: Api<Service> = Api::namespaced(client(REMOTE).await, &other.name);
-    remote_other.create(&PostParams::default(), &leader("x")).await.unwrap();
+    remote_other
+        .create(&PostParams::default(), &leader("x"))
+        .await
+        .unwrap();
     let remote: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
-    remote.create(&PostParams::default(), &leader("x")).await.unwrap();
+    remote
+        .create(&PostParams::default(), &leader("x"))
+        .await
+        .unwrap();
     let d = Daemon::start(&args_for(&ns.name)).await;
     d.wait_synced().await;
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
-    eventually("the follower in the watched namespace", WAIT, || exists(&local, "x")).await;
+    eventually("the follower in the watched namespace", WAIT, || {
+        exists(&local, "x")
+    })
+    .await;
     let local_other: Api<Service> = Api::namespaced(client(LOCAL).await, &other.name);
-    assert!(local_other.get_opt("x").await.unwrap().is_none(), "nothing written outside the watched namespace");
+    assert!(
+        local_other.get_opt("x").await.unwrap().is_none(),
+        "nothing written outside the watched namespace"
+    );
     let f = local.get("x").await.unwrap();
     assert_eq!(f.namespace().as_deref(), Some(ns.name.as_str()));
 }
