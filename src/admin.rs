@@ -28,17 +28,13 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let mut lines = Vec::new();
     let mut ready = true;
     for r in &s.remotes {
-        let ok = r.ready();
-        ready &= ok;
-        lines.push(format!(
-            "remote {}: {}",
-            r.name,
-            if ok {
-                "synced"
-            } else {
-                "not synced (first listing incomplete)"
+        match r.problem() {
+            None => lines.push(format!("remote {}: synced", r.name)),
+            Some(why) => {
+                ready = false;
+                lines.push(format!("remote {}: not ready: {why}", r.name));
             }
-        ));
+        }
     }
     let ok = s.local.ready();
     ready &= ok;

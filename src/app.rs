@@ -3,7 +3,7 @@
 //! drain it all.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
@@ -75,6 +75,7 @@ async fn follow<K, T>(
             }
             Some(Err(e)) => {
                 // the cache keeps its last complete view: an unreachable API deletes nothing
+                write(cache(&holder)).failed(e.to_string());
                 if !failing {
                     warn!(watch = %what, error = %e, "watch failed; retrying with back-off, nothing is deleted meanwhile");
                 }
@@ -88,6 +89,8 @@ async fn follow<K, T>(
 use kube::runtime::watcher::watcher;
 
 struct Runtime {
+    /// when a remote change for a key was first seen and not yet written
+    pending_since: Mutex<HashMap<Key, Instant>>,
     ctx: Arc<Ctx>,
     queue: Arc<WorkQueue<Key>>,
     leader: watch::Receiver<bool>,
@@ -105,6 +108,38 @@ impl Runtime {
                 namespace,
                 name,
             });
+        }
+    }
+
+    /// A remote change: remembered for the propagation-lag histogram, then queued.
+    fn remote_changed(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
+        {
+            let now = Instant::now();
+            let mut pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
+            for (namespace, name) in &keys {
+                let key = Key {
+                    remote: Arc::clone(remote),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                };
+                pending.entry(key).or_insert(now);
+            }
+        }
+        self.enqueue_remote(remote, keys);
+    }
+
+    fn settled(&self, key: &Key, wrote: bool) {
+        let since = self
+            .pending_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        if let (true, Some(at)) = (wrote, since) {
+            self.ctx
+                .metrics
+                .lag
+                .get_or_create(&labels([("remote", &key.remote)]))
+                .observe(at.elapsed().as_secs_f64());
         }
     }
 
@@ -134,8 +169,9 @@ async fn worker(rt: Arc<Runtime>, retries: Arc<Mutex<HashMap<Key, u32>>>) {
             Ok(Outcome::NotReady) | Err(Error::NotLeader) => {
                 retries_map.remove(&key);
             }
-            Ok(_) => {
+            Ok(outcome) => {
                 retries_map.remove(&key);
+                rt.settled(&key, matches!(outcome, Outcome::Applied | Outcome::Deleted));
             }
             Err(e) => {
                 let n = retries_map.entry(key.clone()).or_insert(0);
@@ -148,7 +184,12 @@ async fn worker(rt: Arc<Runtime>, retries: Arc<Mutex<HashMap<Key, u32>>>) {
                     .get_or_create(&labels([("remote", &key.remote), ("outcome", "error")]))
                     .inc();
                 if *n >= 5 {
-                    error!(key = %key, error = %e, category = e.category(), attempt = *n, "reconcile keeps failing; retrying");
+                    error!(
+                        key = %key, error = %e, attempt = *n,
+                        tags.remote = %key.remote, tags.namespace = %key.namespace, tags.kind = "Service",
+                        tags.category = e.category(),
+                        "reconcile keeps failing; retrying"
+                    );
                 } else {
                     warn!(key = %key, error = %e, category = e.category(), attempt = *n, retry_in_ms = delay.as_millis() as u64, "reconcile failed; retrying");
                 }
@@ -281,9 +322,11 @@ pub async fn run(args: Args) -> Result<()> {
         metrics: Arc::clone(&metrics),
         create_namespaces: args.create_namespaces,
         fallback_ref,
+        events_sent: Mutex::new(reconcile::EventLimiter::new(Duration::from_secs(300))),
     });
     let queue = WorkQueue::new();
     let rt = Arc::new(Runtime {
+        pending_since: Mutex::default(),
         ctx: Arc::clone(&ctx),
         queue: Arc::clone(&queue),
         leader: leader.clone(),
@@ -317,7 +360,7 @@ pub async fn run(args: Args) -> Result<()> {
             Arc::clone(state),
             |s: &RemoteState| &s.services,
             format!("remote {} Services", state.name),
-            move |keys| rt2.enqueue_remote(&name, keys),
+            move |keys| rt2.remote_changed(&name, keys),
             shutdown.clone(),
         )));
         let rt3 = Arc::clone(&rt);
@@ -333,7 +376,7 @@ pub async fn run(args: Args) -> Result<()> {
             Arc::clone(state),
             |s: &RemoteState| &s.slices,
             format!("remote {} EndpointSlices", state.name),
-            move |keys| rt3.enqueue_remote(&name, keys),
+            move |keys| rt3.remote_changed(&name, keys),
             shutdown.clone(),
         )));
     }
@@ -483,23 +526,30 @@ pub async fn run(args: Args) -> Result<()> {
         }));
     }
 
-    // follower gauge
+    // gauges: followers, remote health
     {
         let rt = Arc::clone(&rt);
         let shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             loop {
+                let m = &rt.ctx.metrics;
                 for (_, s) in &rt.remotes {
-                    let n = read(&rt.ctx.local.services).len();
-                    rt.ctx
-                        .metrics
-                        .followers
-                        .get_or_create(&labels([("remote", &s.name)]))
-                        .set(n as i64);
+                    let remote = labels([("remote", &s.name)]);
+                    let n = read(&rt.ctx.local.services)
+                        .keys()
+                        .filter(|k| s.in_scope(&k.0))
+                        .count();
+                    m.followers.get_or_create(&remote).set(n as i64);
+                    m.remote_up
+                        .get_or_create(&remote)
+                        .set(i64::from(s.problem().is_none()));
+                    if let Some(secs) = s.seconds_since_list() {
+                        m.since_list.get_or_create(&remote).set(secs);
+                    }
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
             }
         }));

@@ -229,7 +229,7 @@ mod tests {
             (vec!["--sweep-schedule", "every minute"], "--sweep-schedule"),
             (vec!["--sweep-schedule", "99 * * * * *"], "--sweep-schedule"),
             (vec!["--label-key", "bad key!"], "--label-key"),
-            (vec!["--label-key", "-x.com/a"], "--label-key"),
+            (vec!["--label-key=-x.com/a"], "--label-key"),
             (vec!["--watch-namespace", "Upper"], "--watch-namespace"),
         ] {
             let err = parse(&args).validate().unwrap_err();

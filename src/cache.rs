@@ -6,6 +6,7 @@
 //! that lacks it (the proof the deletion invariant needs).
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kube::Resource;
 use kube::runtime::watcher::Event;
@@ -20,6 +21,10 @@ pub struct Cache<K> {
     relist: Option<Groups<K>>,
     ready: bool,
     group_of: fn(&K) -> Option<String>,
+    /// when the last complete listing was applied
+    last_list: Option<Instant>,
+    /// the watch's current failure, cleared by the next complete listing
+    error: Option<String>,
 }
 
 /// The group of a Service or Endpoints: its own name.
@@ -47,6 +52,8 @@ impl<K: Resource> Cache<K> {
             relist: None,
             ready: false,
             group_of,
+            last_list: None,
+            error: None,
         }
     }
 
@@ -101,6 +108,8 @@ impl<K: Resource> Cache<K> {
                 };
                 let old = std::mem::replace(&mut self.groups, new);
                 self.ready = true;
+                self.last_list = Some(Instant::now());
+                self.error = None;
                 changed_groups(&old, &self.groups)
             }
             Event::Apply(obj) => {
@@ -147,6 +156,21 @@ impl<K: Resource> Cache<K> {
             groups.remove(key);
         }
         vec![key.clone()]
+    }
+
+    /// Records that the watch is failing (the cached view stays as it was).
+    pub fn failed(&mut self, error: String) {
+        self.error = Some(error);
+    }
+
+    /// The watch's current failure, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// When the last complete listing was applied.
+    pub fn last_list(&self) -> Option<Instant> {
+        self.last_list
     }
 
     /// Every object of a group (the slices of one service), in name order.

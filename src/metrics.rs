@@ -4,6 +4,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(&'static str, String)>;
@@ -18,6 +19,10 @@ pub struct Metrics {
     pub sweep_deletions: Family<Labels, Counter>,
     pub followers: Family<Labels, Gauge>,
     pub leader: Gauge,
+    pub remote_up: Family<Labels, Gauge>,
+    pub since_list: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub lag: Family<Labels, Histogram>,
+    pub events_suppressed: Counter,
 }
 
 impl Default for Metrics {
@@ -32,6 +37,13 @@ impl Default for Metrics {
             sweep_deletions: Family::default(),
             followers: Family::default(),
             leader: Gauge::default(),
+            remote_up: Family::default(),
+            since_list: Family::default(),
+            // 1 ms .. ~33 s
+            lag: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            }),
+            events_suppressed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -73,6 +85,26 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the Lease",
             m.leader.clone(),
+        );
+        registry.register(
+            "remote_up",
+            "1 while every watch of the remote is healthy",
+            m.remote_up.clone(),
+        );
+        registry.register(
+            "remote_seconds_since_list",
+            "Seconds since the remote's watches last completed a full listing",
+            m.since_list.clone(),
+        );
+        registry.register(
+            "propagation_lag_seconds",
+            "Remote change seen by the watch until the local write is done",
+            m.lag.clone(),
+        );
+        registry.register(
+            "events_suppressed",
+            "Kubernetes Events not sent because the same one was sent recently",
+            m.events_suppressed.clone(),
         );
         let build: Family<Labels, Gauge> = Family::default();
         build

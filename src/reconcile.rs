@@ -66,6 +66,32 @@ impl RemoteState {
         read(&self.services).ready() && read(&self.slices).ready()
     }
 
+    /// None when healthy; otherwise why not, for /readyz.
+    pub fn problem(&self) -> Option<String> {
+        // one guard at a time: a second read of a lock this thread already holds can deadlock
+        // behind a waiting writer
+        let status = |what: &str, ready: bool, error: Option<&str>| match (ready, error) {
+            (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
+            (false, None) => Some(format!("first listing of {what} not complete")),
+            (true, None) => None,
+        };
+        let services = {
+            let c = read(&self.services);
+            status("Services", c.ready(), c.error())
+        };
+        services.or_else(|| {
+            let c = read(&self.slices);
+            status("EndpointSlices", c.ready(), c.error())
+        })
+    }
+
+    /// Seconds since the oldest of this remote's last complete listings.
+    pub fn seconds_since_list(&self) -> Option<f64> {
+        let a = read(&self.services).last_list()?;
+        let b = read(&self.slices).last_list()?;
+        Some(a.min(b).elapsed().as_secs_f64())
+    }
+
     pub fn in_scope(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
@@ -113,6 +139,67 @@ pub struct Ctx {
     pub create_namespaces: bool,
     /// Where Events go when there is no local object to attach them to.
     pub fallback_ref: ObjectReference,
+    /// a flapping object cannot flood the API with Events
+    pub events_sent: std::sync::Mutex<EventLimiter>,
+}
+
+/// The same Event (object, reason) is sent at most once per interval.
+pub struct EventLimiter {
+    interval: std::time::Duration,
+    sent: HashMap<(String, String), std::time::Instant>,
+}
+
+impl EventLimiter {
+    pub fn new(interval: std::time::Duration) -> Self {
+        Self {
+            interval,
+            sent: HashMap::new(),
+        }
+    }
+
+    pub fn allow(&mut self, object: String, reason: &str, now: std::time::Instant) -> bool {
+        let interval = self.interval;
+        if self.sent.len() > 10_000 {
+            self.sent.retain(|_, at| now.duration_since(*at) < interval);
+        }
+        let key = (object, reason.to_string());
+        match self.sent.get(&key) {
+            Some(at) if now.duration_since(*at) < interval => false,
+            _ => {
+                self.sent.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_same_event_is_sent_once_per_interval() {
+        let mut l = EventLimiter::new(Duration::from_secs(300));
+        let t0 = Instant::now();
+        assert!(l.allow("Service/a/x".into(), "Skip", t0));
+        assert!(
+            !l.allow("Service/a/x".into(), "Skip", t0 + Duration::from_secs(10)),
+            "a flapping object is muted"
+        );
+        assert!(
+            l.allow("Service/a/x".into(), "NotOurFollower", t0),
+            "another reason is another Event"
+        );
+        assert!(
+            l.allow("Service/a/y".into(), "Skip", t0),
+            "another object is another Event"
+        );
+        assert!(
+            l.allow("Service/a/x".into(), "Skip", t0 + Duration::from_secs(301)),
+            "allowed again later"
+        );
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -174,6 +261,21 @@ impl Ctx {
             secondary: None,
         };
         let reference = on.unwrap_or_else(|| self.fallback_ref.clone());
+        let id = format!(
+            "{}/{}/{}",
+            reference.kind.as_deref().unwrap_or_default(),
+            reference.namespace.as_deref().unwrap_or_default(),
+            reference.name.as_deref().unwrap_or_default()
+        );
+        let allowed = self
+            .events_sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow(id, reason, std::time::Instant::now());
+        if !allowed {
+            self.metrics.events_suppressed.inc();
+            return;
+        }
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             debug!(error = %e, "could not record an Event");
         }

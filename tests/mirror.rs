@@ -386,7 +386,7 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
 }
 
 #[tokio::test]
-async fn manual_edits_and_deletes_of_a_follower_are_restored_and_idle_means_no_writes() {
+async fn manual_edits_and_deletes_of_a_follower_are_restored() {
     let e = env("mirror-drift").await;
     e.remote_svc
         .create(&PostParams::default(), &leader("web", http_spec()))
@@ -470,12 +470,62 @@ async fn manual_edits_and_deletes_of_a_follower_are_restored_and_idle_means_no_w
     })
     .await;
 
+    drop(d);
+}
+
+#[tokio::test]
+async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
+    let e = env("mirror-idle").await;
+    e.remote_svc
+        .create(&PostParams::default(), &leader("web", http_spec()))
+        .await
+        .unwrap();
+    e.remote_svc
+        .create(
+            &PostParams::default(),
+            &leader(
+                "headless",
+                json!({"clusterIP": "None", "ports": [{"port": 53, "protocol": "UDP"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let all = ips(1200, 6);
+    e.remote_slices
+        .create(
+            &PostParams::default(),
+            &remote_slice("web", "web-a", &all[..700]),
+        )
+        .await
+        .unwrap();
+    e.remote_slices
+        .create(
+            &PostParams::default(),
+            &remote_slice("web", "web-b", &all[700..]),
+        )
+        .await
+        .unwrap();
+    let d = start(&e, &[]).await;
+    eventually("convergence", WAIT, || async {
+        let got = local_ips(&e.local_slices, "web").await?;
+        let h = e
+            .local_svc
+            .get_opt("headless")
+            .await
+            .map_err(|x| x.to_string())?;
+        if got.len() == 1200 && h.is_some() {
+            Ok(())
+        } else {
+            Err(format!("{} endpoints", got.len()))
+        }
+    })
+    .await;
     // converged: a restarted daemon (fresh caches, full resync, a sweep) writes nothing at all
     drop(d);
     let d2 = start(&e, &[]).await;
-    eventually("a full resync of the key", WAIT, || async {
+    eventually("a full resync of both keys", WAIT, || async {
         let n = d2.metric("xcc_reconciles_total", &["outcome=\"unchanged\""]);
-        if n >= 1.0 { Ok(()) } else { Err(d2.metrics()) }
+        if n >= 2.0 { Ok(()) } else { Err(d2.metrics()) }
     })
     .await;
     assert_eq!(

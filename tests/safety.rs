@@ -97,7 +97,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
         code, 503,
         "not ready while the remote has never been listed: {body}"
     );
-    assert!(body.contains("remote north: not synced"), "{body}");
+    assert!(body.contains("remote north: not ready"), "{body}");
     for n in ["a", "b", "c"] {
         exists(&local, n)
             .await
@@ -120,12 +120,21 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     .await;
     exists(&local, "a").await.unwrap();
     exists(&local, "c").await.unwrap();
-    assert_eq!(d2.readyz().unwrap().0, 200);
+    eventually("ready again", WAIT, || async {
+        let (code, body) = d2.readyz()?;
+        let up = d2.gauge("xcc_remote_up", &["remote=\"north\""]);
+        if code == 200 && up == Some(1.0) {
+            Ok(())
+        } else {
+            Err(format!("{code} {body} up={up:?}"))
+        }
+    })
+    .await;
     let _ = north_ns.delete(&ns.name, &DeleteParams::background()).await;
 }
 
 fn is_leader(d: &Daemon) -> bool {
-    d.metric("xcc_leader", &[]) == 1.0
+    d.gauge("xcc_leader", &[]) == Some(1.0)
 }
 
 #[tokio::test]
@@ -308,4 +317,113 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     );
     let f = local.get("x").await.unwrap();
     assert_eq!(f.namespace().as_deref(), Some(ns.name.as_str()));
+}
+
+#[tokio::test]
+async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+
+    let ns = namespace("safety-token").await;
+    let admin = client(REMOTE).await;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &ns.name);
+    sas.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": "reader"}})),
+    )
+    .await
+    .unwrap();
+    // exactly what the remote identity needs: read Services and EndpointSlices
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(admin.clone(), &ns.name);
+    roles
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "mirror-reader"}, "rules": [
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]})),
+        )
+        .await
+        .unwrap();
+    let rbs: Api<RoleBinding> = Api::namespaced(admin.clone(), &ns.name);
+    rbs.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "mirror-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns.name}]})),
+    )
+    .await
+    .unwrap();
+    let req = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let minted: TokenRequest = sas
+        .create_subresource("token", "reader", &PostParams::default(), &req)
+        .await
+        .unwrap();
+    let token = minted.status.unwrap().token;
+
+    // a kubeconfig holding only that token for the remote
+    let cfg = support::config(REMOTE).await;
+    let ca = std::fs::read_to_string(&bed().await.kubeconfig).unwrap();
+    let ca_data = ca
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+        .unwrap()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("remote.kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: east\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_data}\n\
+             users:\n- name: reader\n  user:\n    token: {token}\ncontexts:\n- name: east-reader\n  context: {{cluster: east, user: reader}}\ncurrent-context: east-reader\n",
+            cfg.cluster_url
+        ),
+    )
+    .unwrap();
+
+    let remote: Api<Service> = Api::namespaced(admin, &ns.name);
+    remote
+        .create(&PostParams::default(), &leader("secretive"))
+        .await
+        .unwrap();
+    let args: Vec<String> = [
+        "--devmode",
+        "--local-context",
+        LOCAL,
+        "--namespace",
+        &ns.name,
+        "--watch-namespace",
+        &ns.name,
+        "--cluster-name",
+        "east",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut args = args;
+    args.extend([
+        "--kubeconfig".to_string(),
+        path.to_string_lossy().to_string(),
+    ]);
+    let d = Daemon::start_with_env(&args, &[("RUST_LOG", "trace")]).await;
+    let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    eventually("mirroring with the read-only token", WAIT, || {
+        exists(&local, "secretive")
+    })
+    .await;
+    d.wait_synced().await;
+    let logs = d.logs();
+    assert!(logs.lines().count() > 50, "trace logging is on");
+    assert!(!logs.contains(&token), "the token appears in the logs");
+    let (_, tail) = token.split_at(token.len() - 24);
+    assert!(
+        !logs.contains(tail),
+        "part of the token appears in the logs"
+    );
 }

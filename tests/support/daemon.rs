@@ -45,7 +45,8 @@ pub fn args_for(ns: &str) -> Vec<String> {
 }
 
 impl Daemon {
-    /// Starts the binary with `args` plus `--kubeconfig` and `--admin-bind`; KUBECONFIG points at
+    /// Starts the binary with `args` plus `--admin-bind` (and the bed's `--kubeconfig` unless
+    /// `args` name one); KUBECONFIG points at
     /// the bed (dev mode reads the local cluster from it).
     pub async fn start(args: &[String]) -> Daemon {
         Self::start_with_env(args, &[]).await
@@ -59,10 +60,11 @@ impl Daemon {
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
         let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .arg("--kubeconfig")
-            .arg(&bed.kubeconfig)
-            .arg("--admin-bind")
+        cmd.args(args);
+        if !args.iter().any(|a| a == "--kubeconfig") {
+            cmd.arg("--kubeconfig").arg(&bed.kubeconfig);
+        }
+        cmd.arg("--admin-bind")
             .arg(format!("127.0.0.1:{admin}"))
             .env("KUBECONFIG", &bed.kubeconfig)
             .env("RUST_LOG", "info")
@@ -115,6 +117,11 @@ impl Daemon {
     /// Sum of the samples of a metric whose line contains every one of `filters`.
     pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
         metric_value(&self.metrics(), name, filters)
+    }
+
+    /// The value of a gauge, None while the daemon does not publish it.
+    pub fn gauge(&self, name: &str, filters: &[&str]) -> Option<f64> {
+        gauge_value(&self.metrics(), name, filters)
     }
 
     /// Waits until the daemon is leader with complete caches and has finished its first sweep.
@@ -187,13 +194,26 @@ impl Drop for Daemon {
     }
 }
 
-pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> f64 {
+fn samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    filters: &'a [&str],
+) -> impl Iterator<Item = f64> + 'a {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(move |l| l.split(['{', ' ']).next() == Some(name))
         .filter(|l| filters.iter().all(|f| l.contains(f)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+}
+
+/// Sum of a counter's samples; a counter never incremented is absent and counts as 0.
+pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> f64 {
+    samples(text, name, filters).fold(0.0, |a, b| a + b)
+}
+
+/// One gauge sample; absence is not zero.
+pub fn gauge_value(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
+    samples(text, name, filters).next()
 }
 
 /// Runs the binary to completion (for start-up failures) and returns (exit code, output).
