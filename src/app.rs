@@ -142,18 +142,6 @@ impl Runtime {
                 .observe(at.elapsed().as_secs_f64());
         }
     }
-
-    /// Every leader of every remote: after becoming leader, nothing is assumed done.
-    fn enqueue_all(&self) {
-        for (_, state) in &self.remotes {
-            let keys: Vec<GroupKey> = read(&state.services).keys().cloned().collect();
-            self.enqueue_remote(&state.name, keys);
-        }
-    }
-
-    fn all_ready(&self) -> bool {
-        self.ctx.local.ready() && self.remotes.iter().all(|(_, s)| s.ready())
-    }
 }
 
 async fn worker(rt: Arc<Runtime>, retries: Arc<Mutex<HashMap<Key, u32>>>) {
@@ -495,28 +483,35 @@ pub async fn run(args: Args) -> Result<()> {
         }));
     }
 
-    // on every leadership gain, once caches are complete: reconcile everything, then sweep
+    // on every leadership gain: sweep (fresh listings, no cache needed), and reconcile every
+    // leader of each remote as soon as that remote's caches are complete; a broken remote
+    // does not hold the others back
     {
         let rt = Arc::clone(&rt);
         let sweep_now = Arc::clone(&sweep_now);
         let mut leader = leader.clone();
         let shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            let mut announced = false;
             loop {
                 if *leader.borrow_and_update() {
-                    while !rt.all_ready() {
+                    sweep_now.notify_one();
+                    let mut pending: Vec<Arc<RemoteState>> = rt.remotes.iter().map(|(_, s)| Arc::clone(s)).collect();
+                    while !pending.is_empty() && *leader.borrow() {
+                        let local_ready = rt.ctx.local.ready();
+                        pending.retain(|s| {
+                            if !(local_ready && s.ready()) {
+                                return true;
+                            }
+                            let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
+                            info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
+                            rt.enqueue_remote(&s.name, keys);
+                            false
+                        });
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
                             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                         }
                     }
-                    if !announced {
-                        info!("caches synced");
-                        announced = true;
-                    }
-                    rt.enqueue_all();
-                    sweep_now.notify_one();
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,

@@ -677,6 +677,38 @@ async fn a_missing_local_namespace_is_skipped_then_mirrored_when_it_appears() {
 }
 
 #[tokio::test]
+async fn create_namespaces_creates_a_missing_local_namespace() {
+    let e = env("mirror-create-ns").await;
+    let remote_only = support::namespace_in("mirror-create-ns-remote", &[REMOTE]).await;
+    let rsvc: Api<Service> = Api::namespaced(client(REMOTE).await, &remote_only.name);
+    rsvc.create(&PostParams::default(), &leader("lonely", http_spec()))
+        .await
+        .unwrap();
+    let mut args = args_for(&e.ns.name);
+    args.extend([
+        "--watch-namespace".to_string(),
+        remote_only.name.clone(),
+        "--create-namespaces".to_string(),
+    ]);
+    let d = Daemon::start(&args).await;
+    d.wait_synced().await;
+    let lsvc: Api<Service> = Api::namespaced(client(LOCAL).await, &remote_only.name);
+    eventually("the namespace and the follower", WAIT, || async {
+        lsvc.get_opt("lonely")
+            .await
+            .map_err(|x| x.to_string())?
+            .map(|_| ())
+            .ok_or("absent".into())
+    })
+    .await;
+    assert!(d.logs().contains("created missing namespace"));
+    let local_ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client(LOCAL).await);
+    let _ = local_ns
+        .delete(&remote_only.name, &DeleteParams::background())
+        .await;
+}
+
+#[tokio::test]
 async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_swept() {
     let e = env("mirror-adopt-sweep").await;
     e.remote_svc

@@ -133,10 +133,11 @@ impl Daemon {
                 if let Some(status) = self.exited() {
                     return Err(format!("daemon exited ({status}):\n{}", self.logs()));
                 }
-                if self.logs().contains("sweep done") {
+                let logs = self.logs();
+                if logs.contains("sweep done") && logs.contains("caches synced") {
                     Ok(())
                 } else {
-                    Err(self.logs())
+                    Err(logs)
                 }
             },
         )
