@@ -114,4 +114,53 @@ mod tests {
             "info lines ride along as breadcrumbs: {text}"
         );
     }
+
+    #[test]
+    fn an_api_error_reported_to_sentry_carries_no_token() {
+        let token = "test-bearer-token-0123456789abcdef0123456789";
+        let events = sentry::test::with_captured_events_options(
+            || {
+                let subscriber = tracing_subscriber::registry().with(sentry_layer());
+                tracing::subscriber::with_default(subscriber, || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let mut cfg = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+                        cfg.auth_info.token = Some(token.to_string().into());
+                        let client = kube::Client::try_from(cfg).unwrap();
+                        let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+                            kube::Api::all(client);
+                        let err = api.list(&Default::default()).await.unwrap_err();
+                        tracing::error!(
+                            error = %err,
+                            tags.category = crate::error::kube_category(&err),
+                            tags.remote = "east",
+                            "remote listing failed"
+                        );
+                    });
+                });
+            },
+            sentry_options(),
+        );
+        // kube-client may report the failure too: every event is checked
+        let json = serde_json::to_string(&events).unwrap();
+        assert!(
+            json.contains("remote listing failed"),
+            "the error is reported: {json}"
+        );
+        assert!(
+            json.contains("\"category\":\"connection\""),
+            "tagged with a bounded category: {json}"
+        );
+        assert!(
+            !json.contains(token),
+            "no token in any Sentry event: {json}"
+        );
+        assert!(
+            !json.contains("Bearer"),
+            "no Authorization header either: {json}"
+        );
+    }
 }
