@@ -5,10 +5,28 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::desired::EndpointsMode;
 
+/// The command line: the daemon's flags, or a subcommand.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cross-cluster-controller", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: Args,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Run against the cluster to be READ: create (or reuse) its read-only ServiceAccount, mint a
+    /// token through TokenRequest, print a kubeconfig or Secret for the other cluster's daemon.
+    RemoteAccess(crate::remote_access::RemoteAccessArgs),
+}
+
+/// The daemon's flags.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "cross-cluster-controller", version, about, long_about = None)]
 pub struct Args {
@@ -205,6 +223,23 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Args::command().debug_assert();
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_subcommand_and_the_daemon_flags_parse() {
+        let c = Cli::try_parse_from([
+            "ccc",
+            "remote-access",
+            "--context",
+            "east",
+            "--output",
+            "secret",
+        ])
+        .unwrap();
+        assert!(matches!(c.command, Some(Command::RemoteAccess(_))));
+        let c = Cli::try_parse_from(["ccc", "--devmode", "--label-key", "a.b/c"]).unwrap();
+        assert!(c.command.is_none() && c.run.devmode);
     }
 
     #[test]

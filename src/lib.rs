@@ -12,6 +12,7 @@ pub mod lease;
 pub mod metrics;
 pub mod queue;
 pub mod reconcile;
+pub mod remote_access;
 pub mod sweeper;
 pub mod telemetry;
 pub mod writer;

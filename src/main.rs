@@ -1,14 +1,9 @@
 use clap::Parser;
-use cross_cluster_controller::{app, args::Args, telemetry};
+use cross_cluster_controller::args::{Cli, Command};
+use cross_cluster_controller::{Error, app, remote_access, telemetry};
 
-fn main() {
-    let args = Args::parse();
-    if let Err(e) = args.validate() {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
-    let _telemetry = telemetry::init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
@@ -17,11 +12,31 @@ fn main() {
             eprintln!("error: cannot start the async runtime: {e}");
             std::process::exit(1);
         }
-    };
-    if let Err(e) = runtime.block_on(app::run(args)) {
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::RemoteAccess(args)) = cli.command {
+        match runtime().block_on(remote_access::run(args)) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    let args = cli.run;
+    if let Err(e) = args.validate() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+    let _telemetry = telemetry::init();
+    if let Err(e) = runtime().block_on(app::run(args)) {
         // bad configuration is the user's to fix: one line on stderr; anything else is also
         // reported through tracing (and so Sentry)
-        if !matches!(e, cross_cluster_controller::Error::Config(_)) {
+        if !matches!(e, Error::Config(_)) {
             tracing::error!(category = e.category(), "{e}");
         }
         eprintln!("error: {e}");

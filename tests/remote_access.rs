@@ -1,0 +1,190 @@
+//! End to end: `remote-access` makes a read-only identity in the cluster to be read, and its
+//! kubeconfig is all the other cluster's daemon needs; every write with it is refused.
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use serde_json::json;
+use support::daemon::{BIN, Daemon};
+use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj};
+
+fn remote_access(extra: &[&str]) -> (String, String) {
+    let out = Command::new(BIN)
+        .arg("remote-access")
+        .args(extra)
+        .output()
+        .expect("run remote-access");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "remote-access failed: {stderr}");
+    (String::from_utf8_lossy(&out.stdout).to_string(), stderr)
+}
+
+fn forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
+    match r {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{what}: {s:?}"),
+        other => panic!("{what} must be refused with 403, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
+    let ns = namespace("remote-access").await;
+    let kc = bed().await.kubeconfig.to_string_lossy().to_string();
+    let args = [
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "1h",
+        "--cluster-name",
+        "east-ro",
+    ];
+    let (kubeconfig, stderr) = remote_access(&args);
+    assert!(stderr.contains("created ServiceAccount"), "{stderr}");
+    let (_, again) = remote_access(&args);
+    assert!(
+        again.contains("reusing ServiceAccount"),
+        "a second run reuses it: {again}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("remote.kubeconfig");
+    std::fs::write(&path, &kubeconfig).unwrap();
+    let parsed = Kubeconfig::read_from(&path).unwrap();
+    let cfg = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    let ro = Client::try_from(cfg).unwrap();
+
+    // every write verb is refused, reads work
+    let svcs: Api<Service> = Api::namespaced(ro.clone(), &ns.name);
+    svcs.list(&Default::default())
+        .await
+        .expect("reading Services is allowed");
+    let slices: Api<EndpointSlice> = Api::namespaced(ro.clone(), &ns.name);
+    slices
+        .list(&Default::default())
+        .await
+        .expect("reading EndpointSlices is allowed");
+    let svc: Service = obj(json!({"metadata": {"name": "w"}, "spec": {"ports": [{"port": 80}]}}));
+    forbidden("create", svcs.create(&PostParams::default(), &svc).await);
+    let admin_svcs: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let leader: Service = obj(
+        json!({"metadata": {"name": "shop", "labels": {"fair.com/cross-cluster": "true"}},
+        "spec": {"ports": [{"port": 80}]}}),
+    );
+    admin_svcs
+        .create(&PostParams::default(), &leader)
+        .await
+        .unwrap();
+    forbidden(
+        "patch",
+        svcs.patch(
+            "shop",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await,
+    );
+    forbidden(
+        "update",
+        svcs.replace(
+            "shop",
+            &PostParams::default(),
+            &admin_svcs.get("shop").await.unwrap(),
+        )
+        .await,
+    );
+    forbidden(
+        "delete",
+        svcs.delete("shop", &DeleteParams::default()).await,
+    );
+    let slice: EndpointSlice = obj(
+        json!({"metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "shop"}},
+        "addressType": "IPv4", "endpoints": []}),
+    );
+    forbidden(
+        "create slice",
+        slices.create(&PostParams::default(), &slice).await,
+    );
+    let secrets: Api<Secret> = Api::namespaced(ro, &ns.name);
+    forbidden("read secrets", secrets.list(&Default::default()).await);
+
+    // the daemon in the other cluster runs with exactly this kubeconfig for its remote
+    let daemon_args: Vec<String> = [
+        "--devmode",
+        "--local-context",
+        LOCAL,
+        "--kubeconfig",
+        &path.to_string_lossy(),
+        "--namespace",
+        &ns.name,
+        "--watch-namespace",
+        &ns.name,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = Daemon::start(&daemon_args).await;
+    let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let follower = eventually(
+        "the follower, read through the read-only token",
+        Duration::from_secs(30),
+        || async {
+            local
+                .get_opt("shop")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "absent".to_string())
+        },
+    )
+    .await;
+    assert_eq!(
+        follower
+            .metadata
+            .annotations
+            .unwrap()
+            .get("fair.com/cross-cluster-origin-cluster")
+            .map(String::as_str),
+        Some("east-ro"),
+        "the remote is named after the kubeconfig's context"
+    );
+    drop(d);
+
+    // --output secret is ready to apply in the other cluster
+    let (secret_yaml, _) = remote_access(
+        &[
+            &args[..],
+            &["--output", "secret", "--secret-namespace", &ns.name],
+        ]
+        .concat(),
+    );
+    let secret: Secret = serde_yaml::from_str(&secret_yaml).unwrap();
+    let west_secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let applied = west_secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the Secret applies as printed");
+    let data = applied.data.unwrap();
+    let inner = String::from_utf8(data["kubeconfig"].0.clone()).unwrap();
+    assert!(Kubeconfig::from_yaml(&inner).is_ok());
+
+    let admin = client(REMOTE).await;
+    let name = format!("cross-cluster-remote-reader-{}", ns.name);
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(admin)
+        .delete(&name, &DeleteParams::default())
+        .await;
+}
