@@ -427,3 +427,69 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
         "part of the token appears in the logs"
     );
 }
+
+/// The writer's own guarantees, against the real API server: a delete carries the uid it was
+/// decided on, an update the resourceVersion it was computed from, and nothing is written
+/// without the Lease.
+#[tokio::test]
+async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_lease() {
+    use cross_cluster_controller::metrics::Metrics;
+    use cross_cluster_controller::writer::Writer;
+    use kube::ResourceExt;
+    use std::sync::Arc;
+
+    let ns = namespace("safety-writer").await;
+    let local = client(LOCAL).await;
+    let api: Api<Service> = Api::namespaced(local.clone(), &ns.name);
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(true);
+    let writer = Writer::new(local, leader_rx, false, Arc::new(Metrics::default()));
+
+    let svc = |port: i32| -> Service {
+        obj(
+            json!({"metadata": {"name": "x", "labels": {"fair.com/cross-cluster": "follower"}}, "spec": {"ports": [{"port": port}]}}),
+        )
+    };
+    let first = api.create(&PostParams::default(), &svc(80)).await.unwrap();
+    // someone replaces it meanwhile (same name, new object)
+    api.delete("x", &DeleteParams::default()).await.unwrap();
+    let second = api.create(&PostParams::default(), &svc(81)).await.unwrap();
+
+    let err = writer
+        .delete::<Service>(&ns.name, "x", &first.uid().unwrap(), "test")
+        .await
+        .expect_err("the uid precondition refuses");
+    assert_eq!(err.api_code(), Some(409), "{err}");
+    assert_eq!(
+        api.get("x").await.unwrap().uid(),
+        second.uid(),
+        "the replacement survives"
+    );
+
+    let mut stale = first.clone();
+    stale.metadata.uid = second.metadata.uid.clone();
+    let err = writer
+        .replace(&stale)
+        .await
+        .err()
+        .expect("a stale resourceVersion is refused");
+    assert_eq!(err.api_code(), Some(409), "{err}");
+    let ports = api.get("x").await.unwrap().spec.unwrap().ports.unwrap();
+    assert_eq!(ports[0].port, 81, "not overwritten");
+
+    leader_tx.send_replace(false);
+    let err = writer
+        .create(&svc(82))
+        .await
+        .err()
+        .expect("no lease, no write");
+    assert!(
+        matches!(err, cross_cluster_controller::Error::NotLeader),
+        "{err}"
+    );
+    let err = writer
+        .delete::<Service>(&ns.name, "x", &second.uid().unwrap(), "test")
+        .await
+        .expect_err("no lease");
+    assert!(matches!(err, cross_cluster_controller::Error::NotLeader));
+    assert!(api.get_opt("x").await.unwrap().is_some());
+}

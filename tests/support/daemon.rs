@@ -144,16 +144,11 @@ impl Daemon {
         .await
     }
 
+    /// Some when the process has exited (it stays a zombie until waited for, which `kill` does).
     pub fn exited(&self) -> Option<String> {
-        None.or_else(|| {
-            let pid = self.child.as_ref()?.id();
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            stat.contains(") Z ").then(|| "zombie".to_string())
-        })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        let pid = self.child.as_ref()?.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.contains(") Z ").then(|| "exited".to_string())
     }
 
     /// SIGKILL, no goodbye (a crash).
