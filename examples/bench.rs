@@ -1,0 +1,579 @@
+//! Benchmark on the test bed (run it with `scripts/bench`; it is not part of the test command).
+//!
+//! For each scenario (labelled remote services x endpoints each) it measures, against the real
+//! API servers: the floor (a plain client writing the same local objects as fast as the API
+//! server takes them), the daemon's time from start to full convergence, its peak and steady
+//! memory and CPU seconds, the API writes it caused (from the API server's own
+//! apiserver_request_total) and the writes during an idle period. One scenario also measures
+//! steady-state propagation lag at a fixed rate of endpoint changes, observed by a separate
+//! watcher on the local cluster. Results go to bench/results.{md,json} and bench/*.svg.
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Config};
+use serde_json::{Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const KEY: &str = "fair.com/cross-cluster";
+const PARALLEL: usize = 32;
+
+async fn client(kubeconfig: &Path, ctx: &str) -> Res<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let opts = KubeConfigOptions {
+        context: Some(ctx.into()),
+        ..Default::default()
+    };
+    Ok(Client::try_from(
+        Config::from_custom_kubeconfig(kc, &opts).await?,
+    )?)
+}
+
+fn service(name: &str, leader: bool) -> Service {
+    let labels = if leader {
+        json!({KEY: "true", "app": name})
+    } else {
+        json!({"app": name})
+    };
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))
+    .expect("service fixture")
+}
+
+fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlice {
+    let eps: Vec<Value> = (0..endpoints)
+        .map(|i| {
+            let n = seed * 100 + i;
+            json!({"addresses": [format!("10.{}.{}.{}", 100 + n / 65000 % 100, n / 250 % 260, n % 250 + 1)],
+                   "conditions": {"ready": true}})
+        })
+        .collect();
+    let mut labels = json!({"kubernetes.io/service-name": svc});
+    if leader {
+        labels[KEY] = json!("true");
+    }
+    serde_json::from_value(json!({"metadata": {"name": format!("{svc}-abcde"), "labels": labels},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps}))
+    .expect("slice fixture")
+}
+
+async fn create_ns(c: &Client, name: &str) -> Res<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(c.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// Writes n Services and n slices as fast as the API server takes them; returns the seconds.
+async fn write_all(c: &Client, ns: &str, n: usize, eps: usize, leader: bool) -> Res<f64> {
+    let svcs: Api<Service> = Api::namespaced(c.clone(), ns);
+    let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let start = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let (svcs, slices) = (svcs.clone(), slices.clone());
+            async move {
+                let name = format!("svc-{i}");
+                svcs.create(&PostParams::default(), &service(&name, leader))
+                    .await?;
+                slices
+                    .create(&PostParams::default(), &slice(&name, eps, i, leader))
+                    .await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// apiserver_request_total of mutating verbs (POST, PUT, PATCH, DELETE), summed.
+async fn api_writes(c: &Client) -> Res<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = c.request_text(req).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| {
+            [
+                "verb=\"POST\"",
+                "verb=\"PUT\"",
+                "verb=\"PATCH\"",
+                "verb=\"DELETE\"",
+            ]
+            .iter()
+            .any(|v| l.contains(v))
+        })
+        .filter(|l| !l.contains("resource=\"leases\"") && !l.contains("resource=\"events\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    fn stat(&self) -> (f64, f64, f64) {
+        let pid = self.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kb = |k: &str| -> f64 {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // utime, stime are fields 14 and 15 of stat; after the ')' they are at 11 and 12
+        let cpu = (ticks(11) + ticks(12)) / 100.0;
+        (kb("VmHWM:") / 1024.0, kb("VmRSS:") / 1024.0, cpu)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(bin: &Path, kubeconfig: &Path, ns: &str, log: &Path) -> Res<Proc> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new(bin)
+        .args([
+            "--devmode",
+            "--local-context",
+            "west",
+            "--remote-context",
+            "east",
+            "--namespace",
+            ns,
+            "--watch-namespace",
+            ns,
+        ])
+        .args(["--workers", "32", "--admin-bind", "127.0.0.1:0"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(out.try_clone()?))
+        .stderr(Stdio::from(out))
+        .spawn()?;
+    Ok(Proc { child })
+}
+
+async fn count<K>(c: &Client, ns: &str, selector: &str) -> Res<usize>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(c.clone(), ns);
+    let mut n = 0;
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = ListParams::default().labels(selector).limit(2000);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = api.list_metadata(&lp).await?;
+        n += page.items.len();
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(n);
+        }
+    }
+}
+
+#[derive(serde::Serialize, Clone)]
+struct Row {
+    services: usize,
+    endpoints: usize,
+    floor_s: f64,
+    converge_s: f64,
+    ratio: f64,
+    peak_mib: f64,
+    steady_mib: f64,
+    cpu_s: f64,
+    api_writes: f64,
+    expected_writes: usize,
+    idle_writes: f64,
+}
+
+async fn scenario(
+    bin: &Path,
+    kc: &Path,
+    east: &Client,
+    west: &Client,
+    n: usize,
+    eps: usize,
+    tag: &str,
+) -> Res<Row> {
+    let ns = format!("bench-{tag}-{n}-{eps}");
+    let floor_ns = format!("{ns}-floor");
+    for c in [east, west] {
+        create_ns(c, &ns).await?;
+    }
+    create_ns(west, &floor_ns).await?;
+    eprintln!("[{n} x {eps}] remote setup");
+    write_all(east, &ns, n, eps, true).await?;
+    eprintln!("[{n} x {eps}] floor");
+    let floor = write_all(west, &floor_ns, n, eps, false).await?;
+    Api::<Namespace>::all(west.clone())
+        .delete(&floor_ns, &DeleteParams::background())
+        .await?;
+
+    eprintln!("[{n} x {eps}] daemon");
+    let writes_before = api_writes(west).await?;
+    let dir = std::env::temp_dir();
+    let proc = start_daemon(bin, kc, &ns, &dir.join(format!("xcc-bench-{ns}.log")))?;
+    let start = Instant::now();
+    let sel = format!("{KEY}=follower");
+    loop {
+        let svcs = count::<Service>(west, &ns, &sel).await?;
+        let slices = count::<EndpointSlice>(west, &ns, &sel).await?;
+        if svcs == n && slices == n {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(900) {
+            return Err(format!(
+                "no convergence after 15 minutes ({svcs} services, {slices} slices)"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converge = start.elapsed().as_secs_f64();
+    let writes = api_writes(west).await? - writes_before;
+    eprintln!("[{n} x {eps}] converged in {converge:.2}s (floor {floor:.2}s); idle period");
+    let idle_before = api_writes(west).await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle = api_writes(west).await? - idle_before;
+    let (peak, steady, cpu) = proc.stat();
+    drop(proc);
+    for c in [east, west] {
+        Api::<Namespace>::all(c.clone())
+            .delete(&ns, &DeleteParams::background())
+            .await?;
+    }
+    Ok(Row {
+        services: n,
+        endpoints: eps,
+        floor_s: floor,
+        converge_s: converge,
+        ratio: converge / floor,
+        peak_mib: peak,
+        steady_mib: steady,
+        cpu_s: cpu,
+        api_writes: writes,
+        expected_writes: 2 * n,
+        idle_writes: idle,
+    })
+}
+
+#[derive(serde::Serialize)]
+struct Lag {
+    services: usize,
+    rate_per_s: u32,
+    changes: usize,
+    observed: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    samples_ms: Vec<f64>,
+}
+
+/// Endpoint changes at a fixed rate on the remote; a separate watcher on the local cluster
+/// records when each change's new address shows up in a follower slice.
+async fn lag(
+    bin: &Path,
+    kc: &Path,
+    east: &Client,
+    west: &Client,
+    n: usize,
+    rate: u32,
+    secs: u64,
+) -> Res<Lag> {
+    let ns = format!("bench-lag-{n}");
+    for c in [east, west] {
+        create_ns(c, &ns).await?;
+    }
+    write_all(east, &ns, n, 3, true).await?;
+    let proc = start_daemon(
+        bin,
+        kc,
+        &ns,
+        &std::env::temp_dir().join("xcc-bench-lag.log"),
+    )?;
+    let sel = format!("{KEY}=follower");
+    while count::<EndpointSlice>(west, &ns, &sel).await? < n {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let watch = {
+        let (sent, seen) = (Arc::clone(&sent), Arc::clone(&seen));
+        let api: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns);
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(watcher::watcher(
+                api,
+                watcher::Config::default().labels(&sel)
+            ));
+            while let Some(Ok(ev)) = s.next().await {
+                if let Event::Apply(sl) = ev {
+                    let now = Instant::now();
+                    for ep in &sl.endpoints {
+                        for a in &ep.addresses {
+                            if let Some(t) = sent.lock().map(|mut m| m.remove(a)).ok().flatten()
+                                && let Ok(mut v) = seen.lock()
+                            {
+                                v.push(now.duration_since(t).as_secs_f64() * 1000.0);
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let slices: Api<EndpointSlice> = Api::namespaced(east.clone(), &ns);
+    let total = (rate as u64 * secs) as usize;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    let mut handles = Vec::new();
+    for i in 0..total {
+        tick.tick().await;
+        let svc = format!("svc-{}", i % n);
+        let ip = format!("10.250.{}.{}", i / 250 % 250, i % 250 + 1);
+        let mut s = slice(&svc, 2, i % n, true);
+        s.endpoints.push(serde_json::from_value(
+            json!({"addresses": [ip.clone()], "conditions": {"ready": true}}),
+        )?);
+        let (slices, sent) = (slices.clone(), Arc::clone(&sent));
+        handles.push(tokio::spawn(async move {
+            let name = format!("{svc}-abcde");
+            if let Ok(mut cur) = slices.get(&name).await {
+                cur.endpoints = s.endpoints;
+                if let Ok(mut m) = sent.lock() {
+                    m.insert(ip, Instant::now());
+                }
+                let _ = slices.replace(&name, &PostParams::default(), &cur).await;
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    watch.abort();
+    drop(proc);
+    for c in [east, west] {
+        Api::<Namespace>::all(c.clone())
+            .delete(&ns, &DeleteParams::background())
+            .await?;
+    }
+    let mut v = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    Ok(Lag {
+        services: n,
+        rate_per_s: rate,
+        changes: total,
+        observed: v.len(),
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: q(1.0),
+        samples_ms: v,
+    })
+}
+
+fn svg_convergence(rows: &[Row]) -> String {
+    let (w, h, pad) = (640.0, 360.0, 50.0);
+    let max_t = rows
+        .iter()
+        .map(|r| r.converge_s.max(r.floor_s))
+        .fold(0.1, f64::max);
+    let x = |n: usize| pad + ((n as f64).log10() - 2.0) / 2.0 * (w - 2.0 * pad);
+    let y = |t: f64| h - pad - t / max_t * (h - 2.0 * pad);
+    let mut out = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{pad}' y='20'>Time to converge (s) vs labelled services (log scale); solid: daemon, dashed: API-server floor</text>\n"
+    );
+    out += &format!(
+        "<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{}' stroke='black'/>\n",
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad
+    );
+    for n in [100, 1000, 10000] {
+        out += &format!(
+            "<text x='{}' y='{}' text-anchor='middle'>{n}</text>\n",
+            x(n),
+            h - pad + 18.0
+        );
+    }
+    out += &format!(
+        "<text x='5' y='{}'>{max_t:.1}s</text><text x='5' y='{}'>0</text>\n",
+        y(max_t) + 4.0,
+        h - pad
+    );
+    for (eps, color) in [(3, "#1f77b4"), (100, "#d62728")] {
+        let pts: Vec<&Row> = rows.iter().filter(|r| r.endpoints == eps).collect();
+        let line = |f: &dyn Fn(&Row) -> f64| {
+            pts.iter()
+                .map(|r| format!("{:.1},{:.1}", x(r.services), y(f(r))))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        out += &format!(
+            "<polyline fill='none' stroke='{color}' stroke-width='2' points='{}'/>\n",
+            line(&|r| r.converge_s)
+        );
+        out += &format!(
+            "<polyline fill='none' stroke='{color}' stroke-dasharray='5,4' points='{}'/>\n",
+            line(&|r| r.floor_s)
+        );
+        if let Some(last) = pts.last() {
+            out += &format!(
+                "<text x='{}' y='{}' fill='{color}'>{eps} endpoints</text>\n",
+                x(last.services) - 90.0,
+                y(last.converge_s) - 8.0
+            );
+        }
+    }
+    out + "</svg>\n"
+}
+
+fn svg_lag(l: &Lag) -> String {
+    let (w, h, pad) = (640.0, 300.0, 50.0);
+    let mut buckets: BTreeMap<u32, usize> = BTreeMap::new();
+    for v in &l.samples_ms {
+        *buckets.entry((v / 5.0).floor() as u32).or_default() += 1;
+    }
+    let max_b = buckets.keys().max().copied().unwrap_or(0) + 1;
+    let max_c = buckets.values().max().copied().unwrap_or(1) as f64;
+    let bw = (w - 2.0 * pad) / max_b as f64;
+    let mut out = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{pad}' y='20'>Propagation lag, {} changes at {}/s over {} services: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (5 ms buckets)</text>\n",
+        l.observed, l.rate_per_s, l.services, l.p50_ms, l.p99_ms, l.max_ms
+    );
+    for (b, c) in &buckets {
+        let bh = *c as f64 / max_c * (h - 2.0 * pad);
+        out += &format!(
+            "<rect x='{:.1}' y='{:.1}' width='{:.1}' height='{bh:.1}' fill='#1f77b4'/>\n",
+            pad + *b as f64 * bw,
+            h - pad - bh,
+            bw.max(1.0) - 0.5
+        );
+    }
+    out += &format!(
+        "<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n<text x='{pad}' y='{}'>0 ms</text><text x='{}' y='{}' text-anchor='end'>{} ms</text>\n",
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad + 16.0,
+        w - pad,
+        h - pad + 16.0,
+        max_b * 5
+    );
+    out + "</svg>\n"
+}
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let kc = PathBuf::from(
+        args.get(1)
+            .ok_or("usage: bench KUBECONFIG BINARY OUTDIR [SIZES]")?,
+    );
+    let bin = PathBuf::from(args.get(2).ok_or("binary")?);
+    let out = PathBuf::from(args.get(3).ok_or("outdir")?);
+    let sizes: Vec<usize> = args
+        .get(4)
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or(vec![100, 1000, 10000]);
+    let east = client(&kc, "east").await?;
+    let west = client(&kc, "west").await?;
+    let tag = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs()
+            % 0xfffff
+    );
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        for eps in [3, 100] {
+            let row = scenario(&bin, &kc, &east, &west, n, eps, &tag).await?;
+            eprintln!("  -> {}", serde_json::to_string(&row)?);
+            rows.push(row);
+        }
+    }
+    let lag = lag(&bin, &kc, &east, &west, 1000, 50, 20).await?;
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("convergence.svg"), svg_convergence(&rows))?;
+    std::fs::write(out.join("lag.svg"), svg_lag(&lag))?;
+    let mut md = String::from(
+        "| services | endpoints each | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &rows {
+        md += &format!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} ({}) | {} |\n",
+            r.services,
+            r.endpoints,
+            r.floor_s,
+            r.converge_s,
+            r.ratio,
+            r.peak_mib,
+            r.steady_mib,
+            r.cpu_s,
+            r.api_writes,
+            r.expected_writes,
+            r.idle_writes
+        );
+    }
+    md += &format!(
+        "\nPropagation lag at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
+        lag.rate_per_s, lag.services, lag.changes, lag.observed, lag.p50_ms, lag.p99_ms, lag.max_ms
+    );
+    md += &format!("\nWhole run: {:.0} s.\n", started.elapsed().as_secs_f64());
+    std::fs::write(out.join("results.md"), &md)?;
+    let json = json!({"rows": rows, "lag": {"services": lag.services, "rate_per_s": lag.rate_per_s, "changes": lag.changes,
+        "observed": lag.observed, "p50_ms": lag.p50_ms, "p99_ms": lag.p99_ms, "max_ms": lag.max_ms}});
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    print!("{md}");
+    Ok(())
+}
