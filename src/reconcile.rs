@@ -120,6 +120,29 @@ impl LocalState {
     }
 }
 
+/// Which local cache holds a kind we write.
+pub trait Cached: crate::writer::Local {
+    fn cache(local: &LocalState) -> &RwLock<Cache<Self>>;
+}
+
+impl Cached for Service {
+    fn cache(local: &LocalState) -> &RwLock<Cache<Self>> {
+        &local.services
+    }
+}
+
+impl Cached for EndpointSlice {
+    fn cache(local: &LocalState) -> &RwLock<Cache<Self>> {
+        &local.slices
+    }
+}
+
+impl Cached for Endpoints {
+    fn cache(local: &LocalState) -> &RwLock<Cache<Self>> {
+        &local.endpoints
+    }
+}
+
 /// Caches are only ever updated in short, non-panicking sections; a poisoned lock still holds
 /// a consistent map.
 pub fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -242,6 +265,27 @@ impl Ctx {
             service: read(&self.local.services).named(g),
             slices: read(&self.local.slices).group(g),
             endpoints: read(&self.local.endpoints).named(g),
+        }
+    }
+
+    /// Writes go through the writer; what the API server returned goes into the local cache at
+    /// once (write-through), so the watch event our own write causes finds the key converged
+    /// and costs no request.
+    async fn create<K: Cached>(&self, obj: &K) -> Result<Written<K>> {
+        let written = self.writer.create(obj).await?;
+        self.remember(&written);
+        Ok(written)
+    }
+
+    async fn replace<K: Cached>(&self, obj: &K) -> Result<Written<K>> {
+        let written = self.writer.replace(obj).await?;
+        self.remember(&written);
+        Ok(written)
+    }
+
+    fn remember<K: Cached>(&self, written: &Written<K>) {
+        if let Written::Done(obj) = written {
+            write(K::cache(&self.local)).apply(kube::runtime::watcher::Event::Apply(obj.clone()));
         }
     }
 
@@ -435,7 +479,7 @@ async fn ensure_service(
     // at most: create -> AlreadyExists -> read it -> update it
     for _ in 0..3 {
         let Some(live) = actual.take() else {
-            match ctx.writer.create(desired).await {
+            match ctx.create(desired).await {
                 Ok(Written::Done(s)) => {
                     return Ok(ServiceState::Ready {
                         uid: uid_of(&s)?,
@@ -471,7 +515,7 @@ async fn ensure_service(
                 });
             }
             ServiceChange::Update(s) => {
-                return match ctx.writer.replace(s.as_ref()).await? {
+                return match ctx.replace(s.as_ref()).await? {
                     Written::Done(s) => Ok(ServiceState::Ready {
                         uid: uid_of(&s)?,
                         changed: true,
@@ -553,11 +597,11 @@ async fn apply_follower(
         match ours.remove(&want.name_any()) {
             Some(have) => {
                 if let Some(update) = slice_change(&have, want) {
-                    ctx.writer.replace(&update).await?;
+                    ctx.replace(&update).await?;
                     changed = true;
                 }
             }
-            None => match ctx.writer.create(want).await {
+            None => match ctx.create(want).await {
                 Ok(_) => changed = true,
                 Err(e) if e.api_code() == Some(409) => {
                     // our cache has not seen it yet (our own earlier write, usually): compare live
@@ -571,7 +615,7 @@ async fn apply_follower(
                             .await);
                     }
                     if let Some(update) = slice_change(&live, want) {
-                        ctx.writer.replace(&update).await?;
+                        ctx.replace(&update).await?;
                         changed = true;
                     }
                 }
@@ -594,11 +638,11 @@ async fn apply_follower(
     match (&f.endpoints, have_ep) {
         (Some(want), Some(have)) => {
             if let Some(update) = endpoints_change(have, want) {
-                ctx.writer.replace(&update).await?;
+                ctx.replace(&update).await?;
                 changed = true;
             }
         }
-        (Some(want), None) => match ctx.writer.create(want).await {
+        (Some(want), None) => match ctx.create(want).await {
             Ok(_) => changed = true,
             Err(e) if e.api_code() == Some(409) => {
                 let api: Api<Endpoints> = Api::namespaced(ctx.writer.client().clone(), ns);
@@ -609,7 +653,7 @@ async fn apply_follower(
                     return Ok(ctx.conflict(key, "Endpoints", live.object_ref(&())).await);
                 }
                 if let Some(update) = endpoints_change(&live, want) {
-                    ctx.writer.replace(&update).await?;
+                    ctx.replace(&update).await?;
                     changed = true;
                 }
             }
