@@ -375,7 +375,11 @@ pub async fn run(args: Args) -> Result<()> {
         ($kind:ty, $field:ident, $what:expr) => {{
             let rt = Arc::clone(&rt);
             tasks.push(tokio::spawn(follow(
-                Api::<$kind>::all(clients.local.clone()),
+                // like the remote watch: namespaced when exactly one namespace is mirrored
+                match args.watch_namespaces.as_slice() {
+                    [only] => Api::<$kind>::namespaced(clients.local.clone(), only),
+                    _ => Api::<$kind>::all(clients.local.clone()),
+                },
                 watcher_config(&local_sel),
                 Arc::clone(&local_state),
                 |s: &LocalState| &s.$field,

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -206,13 +206,4 @@ pub fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// For callers that need an error rather than a bool.
-pub fn require_leader(rx: &watch::Receiver<bool>) -> Result<()> {
-    if *rx.borrow() {
-        Ok(())
-    } else {
-        Err(Error::NotLeader)
-    }
 }

@@ -33,15 +33,6 @@ pub enum Written<K> {
     Skipped,
 }
 
-impl<K> Written<K> {
-    pub fn into_option(self) -> Option<K> {
-        match self {
-            Written::Done(k) => Some(k),
-            Written::Skipped => None,
-        }
-    }
-}
-
 pub trait Local:
     Resource<Scope = NamespaceResourceScope, DynamicType = ()>
     + k8s_openapi::Resource
