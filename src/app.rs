@@ -322,51 +322,26 @@ pub async fn run(args: Args) -> Result<()> {
     });
 
     let mut tasks = Vec::new();
-    // remote watches: leaders and their slices, per remote, per watched namespace
+    // remote watches: leaders and their slices, per remote
     for (remote, state) in &remotes {
-        let sel = state.opts.leader_selector();
-        let scopes: Vec<Option<&str>> = if args.watch_namespaces.is_empty() {
-            vec![None]
-        } else {
-            args.watch_namespaces
-                .iter()
-                .map(|n| Some(n.as_str()))
-                .collect()
-        };
-        // one namespace: a namespaced watch; several: one cluster-wide watch (a cache takes one
-        // complete listing at a time), and reconcile ignores keys outside the list
-        let rt2 = Arc::clone(&rt);
-        let name = Arc::clone(&state.name);
-        let api: Api<Service> = scoped_api(
-            &remote.client,
-            scopes.first().copied().flatten(),
-            scopes.len(),
-        );
-        tasks.push(tokio::spawn(follow(
-            api,
-            watcher_config(&sel),
-            Arc::clone(state),
-            |s: &RemoteState| &s.services,
-            format!("remote {} Services", state.name),
-            move |keys| rt2.remote_changed(&name, keys),
-            shutdown.clone(),
-        )));
-        let rt3 = Arc::clone(&rt);
-        let name = Arc::clone(&state.name);
-        let api: Api<EndpointSlice> = scoped_api(
-            &remote.client,
-            scopes.first().copied().flatten(),
-            scopes.len(),
-        );
-        tasks.push(tokio::spawn(follow(
-            api,
-            watcher_config(&sel),
-            Arc::clone(state),
-            |s: &RemoteState| &s.slices,
-            format!("remote {} EndpointSlices", state.name),
-            move |keys| rt3.remote_changed(&name, keys),
-            shutdown.clone(),
-        )));
+        tasks.push(remote_watch(
+            &rt,
+            remote,
+            state,
+            &args.watch_namespaces,
+            |s| &s.services,
+            "Services",
+            &shutdown,
+        ));
+        tasks.push(remote_watch(
+            &rt,
+            remote,
+            state,
+            &args.watch_namespaces,
+            |s| &s.slices,
+            "EndpointSlices",
+            &shutdown,
+        ));
     }
 
     // local followers: drift or manual deletion re-triggers the key for every remote
@@ -375,11 +350,7 @@ pub async fn run(args: Args) -> Result<()> {
         ($kind:ty, $field:ident, $what:expr) => {{
             let rt = Arc::clone(&rt);
             tasks.push(tokio::spawn(follow(
-                // like the remote watch: namespaced when exactly one namespace is mirrored
-                match args.watch_namespaces.as_slice() {
-                    [only] => Api::<$kind>::namespaced(clients.local.clone(), only),
-                    _ => Api::<$kind>::all(clients.local.clone()),
-                },
+                scoped_api::<$kind>(&clients.local, &args.watch_namespaces),
                 watcher_config(&local_sel),
                 Arc::clone(&local_state),
                 |s: &LocalState| &s.$field,
@@ -578,12 +549,46 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn scoped_api<K>(client: &Client, ns: Option<&str>, scopes: usize) -> Api<K>
+/// One mirrored namespace: a namespaced watch. Several or all: one cluster-wide watch (a cache
+/// takes one complete listing at a time), and reconcile ignores keys outside the list.
+fn scoped_api<K>(client: &Client, namespaces: &[String]) -> Api<K>
 where
     K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
 {
-    match ns {
-        Some(ns) if scopes == 1 => Api::namespaced(client.clone(), ns),
+    match namespaces {
+        [only] => Api::namespaced(client.clone(), only),
         _ => Api::all(client.clone()),
     }
+}
+
+/// Follows one kind of the remote's leader-labelled objects into its cache; changes queue keys.
+fn remote_watch<K>(
+    rt: &Arc<Runtime>,
+    remote: &Remote,
+    state: &Arc<RemoteState>,
+    namespaces: &[String],
+    cache: fn(&RemoteState) -> &RwLock<Cache<K>>,
+    what: &str,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let rt = Arc::clone(rt);
+    let name = Arc::clone(&state.name);
+    tokio::spawn(follow(
+        scoped_api::<K>(&remote.client, namespaces),
+        watcher_config(&state.opts.leader_selector()),
+        Arc::clone(state),
+        cache,
+        format!("remote {} {what}", state.name),
+        move |keys| rt.remote_changed(&name, keys),
+        shutdown.clone(),
+    ))
 }

@@ -7,14 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use support::daemon::{BIN, Daemon};
-use support::{LOCAL, REMOTE, bed, bed_cmd, client, config, eventually, namespace, obj, repo_root};
+use support::{
+    LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present, repo_root,
+};
 
 const CHART: &str = "charts/cross-cluster-controller";
 const WAIT: Duration = Duration::from_secs(30);
@@ -94,45 +95,9 @@ async fn the_rendered_manifests_are_accepted_by_the_api_server() {
 
 /// A kubeconfig whose only credential is a TokenRequest token of `sa` in `ns` of `context`.
 async fn token_kubeconfig(context: &str, ns: &str, sa: &str, dir: &Path) -> PathBuf {
-    let sas: Api<ServiceAccount> = Api::namespaced(client(context).await, ns);
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let minted: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &req)
-        .await
-        .unwrap();
-    let token = minted.status.unwrap().token;
-    let cfg = config(context).await;
-    let kc = std::fs::read_to_string(&bed().await.kubeconfig).unwrap();
-    // the bed's kubeconfig lists CAs in cluster order; take the one of this context's cluster
-    let clusters: serde_yaml::Value = serde_yaml::from_str(&kc).unwrap();
-    let ca = clusters["clusters"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == context)
-        .map(|c| {
-            c["cluster"]["certificate-authority-data"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .unwrap();
+    let token = support::mint_token(context, ns, sa).await;
     let path = dir.join(format!("{context}-{sa}.kubeconfig"));
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: {context}\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\n\
-             users:\n- name: {sa}\n  user:\n    token: {token}\ncontexts:\n- name: {context}\n  context: {{cluster: {context}, user: {sa}}}\ncurrent-context: {context}\n",
-            cfg.cluster_url
-        ),
-    )
-    .unwrap();
+    support::token_kubeconfig(context, context, &token, &path).await;
     path
 }
 
@@ -223,12 +188,8 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
         .await
         .unwrap();
     for (api, name) in [(&west, "from-east"), (&east, "from-west")] {
-        eventually("a follower in the other cluster", WAIT, || async {
-            api.get_opt(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .map(|_| ())
-                .ok_or_else(|| "absent".to_string())
+        eventually("a follower in the other cluster", WAIT, || {
+            present(api, name)
         })
         .await;
     }
@@ -242,14 +203,25 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
         .await
         .unwrap();
     let west_daemon = &daemons.iter().find(|(l, _)| *l == LOCAL).unwrap().1;
-    eventually("a permission error in the log", WAIT, || async {
-        let logs = west_daemon.logs();
-        if logs.contains("forbidden") {
-            Ok(())
-        } else {
-            Err("no forbidden yet".to_string())
-        }
-    })
+    // the reconcile of that very key must have hit the permission error (a failing watch alone
+    // would also say "forbidden" before any write was tried)
+    eventually(
+        "the write of the new follower to be refused",
+        WAIT,
+        || async {
+            let logs = west_daemon.logs();
+            let refused = logs.lines().any(|l| {
+                l.contains("after-revoke")
+                    && l.contains("reconcile failed")
+                    && l.contains("forbidden")
+            });
+            if refused {
+                Ok(())
+            } else {
+                Err("not refused yet".to_string())
+            }
+        },
+    )
     .await;
     assert!(
         west.get_opt("after-revoke").await.unwrap().is_none(),

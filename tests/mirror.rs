@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for};
-use support::{LOCAL, REMOTE, TestNs, client, eventually, namespace, obj};
+use support::{LOCAL, REMOTE, TestNs, absent, client, eventually, namespace, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
@@ -95,17 +95,6 @@ async fn start(e: &Env, extra: &[&str]) -> Daemon {
     d
 }
 
-async fn gone<K>(api: &Api<K>, name: &str) -> Result<(), String>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.get_opt(name).await {
-        Ok(None) => Ok(()),
-        Ok(Some(_)) => Err(format!("{name} still exists")),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 #[tokio::test]
 async fn create_update_delete_and_unlabel_are_mirrored() {
     let e = env("mirror-lifecycle").await;
@@ -123,12 +112,8 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         .await
         .unwrap();
 
-    let f = eventually("the follower Service", WAIT, || async {
-        e.local_svc
-            .get_opt("web")
-            .await
-            .map_err(|x| x.to_string())?
-            .ok_or("absent".to_string())
+    let f = eventually("the follower Service", WAIT, || {
+        present(&e.local_svc, "web")
     })
     .await;
     let labels = f.labels();
@@ -256,15 +241,7 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         .create(&PostParams::default(), &leader("api", http_spec()))
         .await
         .unwrap();
-    eventually("the api follower", WAIT, || async {
-        e.local_svc
-            .get_opt("api")
-            .await
-            .map_err(|x| x.to_string())?
-            .map(|_| ())
-            .ok_or("absent".into())
-    })
-    .await;
+    eventually("the api follower", WAIT, || present(&e.local_svc, "api")).await;
     e.remote_svc
         .patch(
             "api",
@@ -274,7 +251,7 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         .await
         .unwrap();
     eventually("the unlabelled leader's follower to go", WAIT, || {
-        gone(&e.local_svc, "api")
+        absent(&e.local_svc, "api")
     })
     .await;
 
@@ -283,7 +260,7 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the follower to go", WAIT, || gone(&e.local_svc, "web")).await;
+    eventually("the follower to go", WAIT, || absent(&e.local_svc, "web")).await;
     eventually("its slices to go", WAIT, || async {
         let got = local_ips(&e.local_slices, "web").await?;
         if got.is_empty() {
@@ -328,13 +305,8 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
     })
     .await;
     // the rest keeps flowing
-    eventually("the other follower", WAIT, || async {
-        e.local_svc
-            .get_opt("other")
-            .await
-            .map_err(|x| x.to_string())?
-            .map(|_| ())
-            .ok_or("absent".into())
+    eventually("the other follower", WAIT, || {
+        present(&e.local_svc, "other")
     })
     .await;
     let after = e.local_svc.get("db").await.unwrap();
@@ -377,7 +349,7 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
         .await
         .unwrap();
     eventually("the other follower to go", WAIT, || {
-        gone(&e.local_svc, "other")
+        absent(&e.local_svc, "other")
     })
     .await;
     let after = e.local_svc.get("db").await.unwrap();
@@ -575,12 +547,8 @@ async fn headless_external_name_and_2500_endpoints() {
             .unwrap();
     }
 
-    let headless = eventually("the headless follower", WAIT, || async {
-        e.local_svc
-            .get_opt("stateful")
-            .await
-            .map_err(|x| x.to_string())?
-            .ok_or("absent".to_string())
+    let headless = eventually("the headless follower", WAIT, || {
+        present(&e.local_svc, "stateful")
     })
     .await;
     assert_eq!(
@@ -588,12 +556,8 @@ async fn headless_external_name_and_2500_endpoints() {
         Some("None"),
         "headless stays headless"
     );
-    let ext = eventually("the ExternalName follower", WAIT, || async {
-        e.local_svc
-            .get_opt("ext")
-            .await
-            .map_err(|x| x.to_string())?
-            .ok_or("absent".to_string())
+    let ext = eventually("the ExternalName follower", WAIT, || {
+        present(&e.local_svc, "ext")
     })
     .await;
     let spec = ext.spec.unwrap();
@@ -663,12 +627,8 @@ async fn a_missing_local_namespace_is_skipped_then_mirrored_when_it_appears() {
         .await
         .unwrap();
     let lsvc: Api<Service> = Api::namespaced(client(LOCAL).await, &remote_only.name);
-    eventually("the follower once the namespace exists", WAIT, || async {
-        lsvc.get_opt("lonely")
-            .await
-            .map_err(|x| x.to_string())?
-            .map(|_| ())
-            .ok_or("absent".into())
+    eventually("the follower once the namespace exists", WAIT, || {
+        present(&lsvc, "lonely")
     })
     .await;
     let _ = local_ns
@@ -693,12 +653,8 @@ async fn create_namespaces_creates_a_missing_local_namespace() {
     let d = Daemon::start(&args).await;
     d.wait_synced().await;
     let lsvc: Api<Service> = Api::namespaced(client(LOCAL).await, &remote_only.name);
-    eventually("the namespace and the follower", WAIT, || async {
-        lsvc.get_opt("lonely")
-            .await
-            .map_err(|x| x.to_string())?
-            .map(|_| ())
-            .ok_or("absent".into())
+    eventually("the namespace and the follower", WAIT, || {
+        present(&lsvc, "lonely")
     })
     .await;
     assert!(d.logs().contains("created missing namespace"));
@@ -763,11 +719,11 @@ async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_swept(
     eventually(
         "the Go-era Endpoints to be replaced by slices",
         WAIT,
-        || gone(&e.local_ep, "legacy"),
+        || absent(&e.local_ep, "legacy"),
     )
     .await;
     eventually("the orphan to be swept", WAIT, || {
-        gone(&e.local_svc, "orphan")
+        absent(&e.local_svc, "orphan")
     })
     .await;
     assert!(
@@ -794,14 +750,7 @@ async fn legacy_endpoints_modes_do_not_get_mirrored_twice() {
         .unwrap();
     let d = start(&e, &["--endpoints-mode", "both"]).await;
 
-    let ep = eventually("legacy Endpoints", WAIT, || async {
-        e.local_ep
-            .get_opt("both")
-            .await
-            .map_err(|x| x.to_string())?
-            .ok_or("absent".to_string())
-    })
-    .await;
+    let ep = eventually("legacy Endpoints", WAIT, || present(&e.local_ep, "both")).await;
     assert_eq!(
         ep.labels()
             .get("endpointslice.kubernetes.io/skip-mirror")
@@ -858,15 +807,7 @@ async fn production_logs_are_json_lines() {
         .unwrap();
     let d = Daemon::start_with_env(&args_for(&e.ns.name), &[("ENV", "production")]).await;
     d.wait_synced().await;
-    eventually("the follower", WAIT, || async {
-        e.local_svc
-            .get_opt("web")
-            .await
-            .map_err(|x| x.to_string())?
-            .map(|_| ())
-            .ok_or("absent".into())
-    })
-    .await;
+    eventually("the follower", WAIT, || present(&e.local_svc, "web")).await;
     let logs = d.logs();
     let mut created = false;
     for line in logs.lines().filter(|l| !l.trim().is_empty()) {

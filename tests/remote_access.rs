@@ -13,7 +13,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
 use support::daemon::{BIN, Daemon};
-use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj};
+use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj, present};
 
 fn remote_access(extra: &[&str]) -> (String, String) {
     let out = Command::new(BIN)
@@ -140,13 +140,7 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
     let follower = eventually(
         "the follower, read through the read-only token",
         Duration::from_secs(30),
-        || async {
-            local
-                .get_opt("shop")
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "absent".to_string())
-        },
+        || present(&local, "shop"),
     )
     .await;
     assert_eq!(

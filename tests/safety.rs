@@ -9,7 +9,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, run_to_exit};
-use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj};
+use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
@@ -18,14 +18,6 @@ fn leader(name: &str) -> Service {
     obj(
         json!({"metadata": {"name": name, "labels": {KEY: "true"}}, "spec": {"ports": [{"port": 80}]}}),
     )
-}
-
-async fn exists(api: &Api<Service>, name: &str) -> Result<(), String> {
-    api.get_opt(name)
-        .await
-        .map_err(|e| e.to_string())?
-        .map(|_| ())
-        .ok_or_else(|| format!("{name} absent"))
 }
 
 /// The remote of this test is a cluster of its own (`north`), so stopping it disturbs no
@@ -68,7 +60,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     let mut d = Daemon::start(&args).await;
     d.wait_synced().await;
     for n in ["a", "b", "c"] {
-        eventually("followers", WAIT, || exists(&local, n)).await;
+        eventually("followers", WAIT, || present(&local, n)).await;
     }
 
     // the remote API server dies (etcd stays): watches fail, sweeps must abort, nothing deleted
@@ -99,7 +91,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     );
     assert!(body.contains("remote north: not ready"), "{body}");
     for n in ["a", "b", "c"] {
-        exists(&local, n)
+        present(&local, n)
             .await
             .expect("no follower is deleted while the remote is unreachable");
     }
@@ -118,8 +110,8 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
         }
     })
     .await;
-    exists(&local, "a").await.unwrap();
-    exists(&local, "c").await.unwrap();
+    present(&local, "a").await.unwrap();
+    present(&local, "c").await.unwrap();
     eventually("ready again", WAIT, || async {
         let (code, body) = d2.readyz()?;
         let up = d2.gauge("xcc_remote_up", &["remote=\"north\""]);
@@ -163,7 +155,7 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         .create(&PostParams::default(), &leader("x"))
         .await
         .unwrap();
-    eventually("the leader mirrors", WAIT, || exists(&local, "x")).await;
+    eventually("the leader mirrors", WAIT, || present(&local, "x")).await;
     assert_eq!(
         two.metric("xcc_writes_total", &[]),
         0.0,
@@ -194,7 +186,7 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         .create(&PostParams::default(), &leader("y"))
         .await
         .unwrap();
-    eventually("the new leader mirrors", WAIT, || exists(&local, "y")).await;
+    eventually("the new leader mirrors", WAIT, || present(&local, "y")).await;
 
     // a clean stop releases the lease at once, and exits 0
     assert_eq!(two.terminate().await, Some(0));
@@ -307,7 +299,7 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     d.wait_synced().await;
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     eventually("the follower in the watched namespace", WAIT, || {
-        exists(&local, "x")
+        present(&local, "x")
     })
     .await;
     let local_other: Api<Service> = Api::namespaced(client(LOCAL).await, &other.name);
@@ -321,7 +313,6 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
 
 #[tokio::test]
 async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level() {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::RoleBinding;
 
@@ -354,38 +345,12 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
     )
     .await
     .unwrap();
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let minted: TokenRequest = sas
-        .create_subresource("token", "reader", &PostParams::default(), &req)
-        .await
-        .unwrap();
-    let token = minted.status.unwrap().token;
+    let token = support::mint_token(REMOTE, &ns.name, "reader").await;
 
     // a kubeconfig holding only that token for the remote
-    let cfg = support::config(REMOTE).await;
-    let ca = std::fs::read_to_string(&bed().await.kubeconfig).unwrap();
-    let ca_data = ca
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
-        .unwrap()
-        .to_string();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("remote.kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: east\n  cluster:\n    server: {}\n    certificate-authority-data: {ca_data}\n\
-             users:\n- name: reader\n  user:\n    token: {token}\ncontexts:\n- name: east-reader\n  context: {{cluster: east, user: reader}}\ncurrent-context: east-reader\n",
-            cfg.cluster_url
-        ),
-    )
-    .unwrap();
+    support::token_kubeconfig(REMOTE, "east-reader", &token, &path).await;
 
     let remote: Api<Service> = Api::namespaced(admin, &ns.name);
     remote
@@ -414,7 +379,7 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
     let d = Daemon::start_with_env(&args, &[("RUST_LOG", "trace")]).await;
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     eventually("mirroring with the read-only token", WAIT, || {
-        exists(&local, "secretive")
+        present(&local, "secretive")
     })
     .await;
     d.wait_synced().await;

@@ -3,7 +3,6 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -53,18 +52,7 @@ async fn token_for(sa: &str, ns: &str) -> String {
     )
     .await
     .unwrap();
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let resp: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &req)
-        .await
-        .expect("TokenRequest works");
-    resp.status.expect("token status").token
+    support::mint_token(REMOTE, ns, sa).await
 }
 
 #[tokio::test]

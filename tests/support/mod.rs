@@ -187,6 +187,68 @@ where
     }
 }
 
+/// `Ok(object)` once it exists: for [`eventually`].
+pub async fn present<K>(api: &Api<K>, name: &str) -> Result<K, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{name} absent"))
+}
+
+/// `Ok(())` once it is gone: for [`eventually`].
+pub async fn absent<K>(api: &Api<K>, name: &str) -> Result<(), String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await.map_err(|e| e.to_string())? {
+        None => Ok(()),
+        Some(_) => Err(format!("{name} still exists")),
+    }
+}
+
+/// A TokenRequest token (one hour) for a ServiceAccount of one cluster of the bed.
+pub async fn mint_token(context: &str, namespace: &str, service_account: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(client(context).await, namespace);
+    let req = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let minted: TokenRequest = sas
+        .create_subresource("token", service_account, &PostParams::default(), &req)
+        .await
+        .expect("TokenRequest works");
+    minted.status.expect("token status").token
+}
+
+/// Writes a kubeconfig for one cluster of the bed whose only credential is `token`; its one
+/// context (the current one) is called `name`.
+pub async fn token_kubeconfig(context: &str, name: &str, token: &str, path: &Path) {
+    let server = config(context).await.cluster_url;
+    let bed_kc: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(&bed().await.kubeconfig).expect("read kubeconfig"),
+    )
+    .expect("kubeconfig is YAML");
+    let ca = bed_kc["clusters"]
+        .as_sequence()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == context))
+        .and_then(|c| c["cluster"]["certificate-authority-data"].as_str())
+        .expect("the bed's kubeconfig has the cluster's CA")
+        .to_string();
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {context}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context: {{cluster: {context}, user: {name}}}\ncurrent-context: {name}\n"
+    );
+    std::fs::write(path, text).expect("write kubeconfig");
+}
+
 /// Builds a typed object from JSON (test fixtures read like the YAML a user would write).
 pub fn obj<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
     serde_json::from_value(v).expect("fixture deserializes")
