@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, PartialObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config};
@@ -66,17 +66,13 @@ fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlic
     .expect("slice fixture")
 }
 
-/// Deletes a namespace and waits until it is gone, so the namespace controller's deletions do
-/// not count as writes of the next measurement.
-async fn delete_ns(c: &Client, name: &str) -> Res<()> {
+/// Deletes the namespaces a run made. Not waited for: the namespace controller removes their
+/// objects in the background, after every measurement is taken (which is why the scenarios keep
+/// their namespaces until the end: deletions would count as API writes of the next scenario).
+async fn delete_all(c: &Client, names: &[String]) -> Res<()> {
     let api = Api::<Namespace>::all(c.clone());
-    api.delete(name, &DeleteParams::background()).await?;
-    let start = Instant::now();
-    while api.get_opt(name).await?.is_some() {
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err(format!("namespace {name} not gone after 10 minutes").into());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    for name in names {
+        api.delete(name, &DeleteParams::background()).await?;
     }
     Ok(())
 }
@@ -206,27 +202,62 @@ fn start_daemon(bin: &Path, kubeconfig: &Path, ns: &str, log: &Path) -> Res<Proc
     Ok(Proc { child })
 }
 
-async fn count<K>(c: &Client, ns: &str, selector: &str) -> Res<usize>
+/// Number of objects matching the selector in the namespace, kept current by a metadata watch
+/// (polling listings at 10,000 objects would load the API server the daemon is measured on).
+fn counter<K>(c: &Client, ns: &str, selector: &str) -> tokio::sync::watch::Receiver<usize>
 where
     K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+        + std::fmt::Debug
+        + Send
+        + 'static,
 {
-    let api: Api<K> = Api::namespaced(c.clone(), ns);
-    let mut n = 0;
-    let mut token: Option<String> = None;
-    loop {
-        let mut lp = ListParams::default().labels(selector).limit(2000);
-        if let Some(t) = &token {
-            lp = lp.continue_token(t);
+    let api: Api<PartialObjectMeta<K>> = Api::namespaced(c.clone(), ns);
+    let cfg = watcher::Config::default().labels(selector);
+    let (tx, rx) = tokio::sync::watch::channel(0);
+    tokio::spawn(async move {
+        let mut names = std::collections::HashSet::new();
+        let mut s = std::pin::pin!(watcher::watcher(api, cfg));
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(Event::Apply(m) | Event::InitApply(m)) => {
+                    names.insert(m.metadata.name.unwrap_or_default());
+                }
+                Ok(Event::Delete(m)) => {
+                    names.remove(&m.metadata.name.unwrap_or_default());
+                }
+                Ok(Event::Init) => names.clear(),
+                Ok(Event::InitDone) | Err(_) => {}
+            }
+            if tx.send(names.len()).is_err() {
+                return;
+            }
         }
-        let page = api.list_metadata(&lp).await?;
-        n += page.items.len();
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            return Ok(n);
-        }
+    });
+    rx
+}
+
+/// Waits until both counters reach n.
+async fn both_reach(
+    a: &mut tokio::sync::watch::Receiver<usize>,
+    b: &mut tokio::sync::watch::Receiver<usize>,
+    n: usize,
+    limit: Duration,
+) -> Res<()> {
+    let wait = async {
+        a.wait_for(|v| *v >= n).await?;
+        b.wait_for(|v| *v >= n).await?;
+        Ok::<_, tokio::sync::watch::error::RecvError>(())
+    };
+    match tokio::time::timeout(limit, wait).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(format!(
+            "no convergence within {limit:?} ({} services, {} slices of {n})",
+            *a.borrow(),
+            *b.borrow()
+        )
+        .into()),
     }
 }
 
@@ -245,6 +276,7 @@ struct Row {
     idle_writes: f64,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn scenario(
     bin: &Path,
     kc: &Path,
@@ -253,6 +285,7 @@ async fn scenario(
     n: usize,
     eps: usize,
     tag: &str,
+    cleanup: &mut Vec<String>,
 ) -> Res<Row> {
     let ns = format!("bench-{tag}-{n}-{eps}");
     let floor_ns = format!("{ns}-floor");
@@ -264,7 +297,7 @@ async fn scenario(
     write_all(east, &ns, n, eps, true).await?;
     eprintln!("[{n} x {eps}] floor");
     let floor = write_all(west, &floor_ns, n, eps, false).await?;
-    delete_ns(west, &floor_ns).await?;
+    cleanup.push(floor_ns);
 
     eprintln!("[{n} x {eps}] daemon");
     let writes_before = api_writes(west).await?;
@@ -272,33 +305,22 @@ async fn scenario(
     let proc = start_daemon(bin, kc, &ns, &dir.join(format!("xcc-bench-{ns}.log")))?;
     let start = Instant::now();
     let sel = format!("{KEY}=follower");
-    loop {
-        let svcs = count::<Service>(west, &ns, &sel).await?;
-        let slices = count::<EndpointSlice>(west, &ns, &sel).await?;
-        if svcs == n && slices == n {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(900) {
-            return Err(format!(
-                "no convergence after 15 minutes ({svcs} services, {slices} slices)"
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (mut svcs, mut slices) = (
+        counter::<Service>(west, &ns, &sel),
+        counter::<EndpointSlice>(west, &ns, &sel),
+    );
+    both_reach(&mut svcs, &mut slices, n, Duration::from_secs(600)).await?;
     let converge = start.elapsed().as_secs_f64();
     let writes = api_writes(west).await? - writes_before;
     eprintln!("[{n} x {eps}] converged in {converge:.2}s (floor {floor:.2}s); idle period");
     // let the queue drain (second passes triggered by our own writes), then measure idleness
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let idle_before = api_writes(west).await?;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let idle = api_writes(west).await? - idle_before;
     let (peak, steady, cpu) = proc.stat();
     drop(proc);
-    for c in [east, west] {
-        delete_ns(c, &ns).await?;
-    }
+    cleanup.push(ns);
     Ok(Row {
         services: n,
         endpoints: eps,
@@ -338,6 +360,7 @@ async fn lag(
     rate: u32,
     secs: u64,
     tag: &str,
+    cleanup: &mut Vec<String>,
 ) -> Res<Lag> {
     let ns = format!("bench-lag-{tag}-{n}");
     for c in [east, west] {
@@ -351,9 +374,11 @@ async fn lag(
         &std::env::temp_dir().join("xcc-bench-lag.log"),
     )?;
     let sel = format!("{KEY}=follower");
-    while count::<EndpointSlice>(west, &ns, &sel).await? < n {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (mut svcs, mut slices) = (
+        counter::<Service>(west, &ns, &sel),
+        counter::<EndpointSlice>(west, &ns, &sel),
+    );
+    both_reach(&mut svcs, &mut slices, n, Duration::from_secs(600)).await?;
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let seen: Arc<Mutex<Vec<f64>>> = Arc::default();
     let watch = {
@@ -410,9 +435,7 @@ async fn lag(
     tokio::time::sleep(Duration::from_secs(3)).await;
     watch.abort();
     drop(proc);
-    for c in [east, west] {
-        delete_ns(c, &ns).await?;
-    }
+    cleanup.push(ns);
     let mut v = seen.lock().map(|v| v.clone()).unwrap_or_default();
     v.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| {
@@ -550,14 +573,23 @@ async fn main() -> Res<()> {
     );
     let started = Instant::now();
     let mut rows = Vec::new();
-    for &n in &sizes {
-        for eps in [3, 100] {
-            let row = scenario(&bin, &kc, &east, &west, n, eps, &tag).await?;
-            eprintln!("  -> {}", serde_json::to_string(&row)?);
-            rows.push(row);
+    let mut cleanup = Vec::new();
+    let result = async {
+        for &n in &sizes {
+            for eps in [3, 100] {
+                let row = scenario(&bin, &kc, &east, &west, n, eps, &tag, &mut cleanup).await?;
+                eprintln!("  -> {}", serde_json::to_string(&row)?);
+                rows.push(row);
+            }
         }
+        lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag, &mut cleanup).await
     }
-    let lag = lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag).await?;
+    .await;
+    for c in [&east, &west] {
+        // each namespace exists in one or both clusters
+        let _ = delete_all(c, &cleanup).await;
+    }
+    let lag = result?;
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("convergence.svg"), svg_convergence(&rows))?;
     std::fs::write(out.join("lag.svg"), svg_lag(&lag))?;

@@ -54,37 +54,70 @@ async fn follow<K, T>(
         + 'static,
     T: Send + Sync,
 {
-    let stream = watcher(api, cfg).default_backoff();
-    let mut stream = std::pin::pin!(stream);
     let mut failing = false;
-    loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            n = stream.next() => n,
-        };
-        match next {
-            Some(Ok(ev)) => {
-                if failing && matches!(ev, Event::InitDone) {
-                    info!(watch = %what, "watch recovered: complete listing received");
-                    failing = false;
+    let mut delay = RETRY_MIN;
+    'watch: loop {
+        // a fresh watcher starts with a complete listing: after any failure, only a complete
+        // listing (InitDone) marks the watch healthy again and clears /readyz
+        let stream = watcher(api.clone(), cfg.clone());
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(ev)) => {
+                    if matches!(ev, Event::InitDone) {
+                        delay = RETRY_MIN;
+                        if failing {
+                            info!(watch = %what, "watch recovered: complete listing received");
+                            failing = false;
+                        }
+                    }
+                    let changed = write(cache(&holder)).apply(ev);
+                    if !changed.is_empty() {
+                        on_change(changed);
+                    }
                 }
-                let changed = write(cache(&holder)).apply(ev);
-                if !changed.is_empty() {
-                    on_change(changed);
+                Some(Err(e)) if expired(&e) => {
+                    // the resume point was compacted away: start over with a listing at once
+                    // (the cache swaps it in only once it is complete); not a failure
+                    info!(watch = %what, "watch expired (410 Gone); relisting");
+                    continue 'watch;
                 }
+                Some(Err(e)) => {
+                    // the cache keeps its last complete view: an unreachable API deletes nothing
+                    write(cache(&holder)).failed(e.to_string());
+                    if !failing {
+                        warn!(watch = %what, error = %e, "watch failed; retrying with back-off, nothing is deleted meanwhile");
+                    }
+                    failing = true;
+                    break;
+                }
+                None => return,
             }
-            Some(Err(e)) => {
-                // the cache keeps its last complete view: an unreachable API deletes nothing
-                write(cache(&holder)).failed(e.to_string());
-                if !failing {
-                    warn!(watch = %what, error = %e, "watch failed; retrying with back-off, nothing is deleted meanwhile");
-                }
-                failing = true;
-            }
-            None => return,
         }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(RETRY_MAX);
     }
 }
+
+/// 410 Gone: the watch asked for a resourceVersion that etcd has compacted away.
+fn expired(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchError(s) => s.code == 410,
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 410,
+        _ => false,
+    }
+}
+
+/// Back-off between attempts of a failed watch.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 use kube::runtime::watcher::watcher;
 
@@ -187,8 +220,12 @@ async fn worker(rt: Arc<Runtime>, retries: Arc<Mutex<HashMap<Key, u32>>>) {
     }
 }
 
-fn watcher_config(selector: &str) -> watcher::Config {
-    watcher::Config::default().labels(selector)
+/// Watches end server-side after `--api-timeout-seconds` and are renewed, so a quiet healthy
+/// watch keeps its connection active and a stalled one is noticed (see `clients::with_timeouts`).
+fn watcher_config(selector: &str, args: &Args) -> watcher::Config {
+    watcher::Config::default()
+        .labels(selector)
+        .timeout(args.api_timeout_seconds)
 }
 
 /// Blocks until SIGTERM or SIGINT, then cancels; a second signal exits at once.
@@ -328,7 +365,7 @@ pub async fn run(args: Args) -> Result<()> {
             &rt,
             remote,
             state,
-            &args.watch_namespaces,
+            &args,
             |s| &s.services,
             "Services",
             &shutdown,
@@ -337,7 +374,7 @@ pub async fn run(args: Args) -> Result<()> {
             &rt,
             remote,
             state,
-            &args.watch_namespaces,
+            &args,
             |s| &s.slices,
             "EndpointSlices",
             &shutdown,
@@ -351,7 +388,7 @@ pub async fn run(args: Args) -> Result<()> {
             let rt = Arc::clone(&rt);
             tasks.push(tokio::spawn(follow(
                 scoped_api::<$kind>(&clients.local, &args.watch_namespaces),
-                watcher_config(&local_sel),
+                watcher_config(&local_sel, &args),
                 Arc::clone(&local_state),
                 |s: &LocalState| &s.$field,
                 $what.to_string(),
@@ -374,9 +411,12 @@ pub async fn run(args: Args) -> Result<()> {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(clients.local.clone());
         let shutdown = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            let stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .applied_objects();
+            let stream = watcher(
+                api,
+                watcher::Config::default().timeout(args.api_timeout_seconds),
+            )
+            .default_backoff()
+            .applied_objects();
             let mut stream = std::pin::pin!(stream);
             loop {
                 let ns = tokio::select! {
@@ -566,7 +606,7 @@ fn remote_watch<K>(
     rt: &Arc<Runtime>,
     remote: &Remote,
     state: &Arc<RemoteState>,
-    namespaces: &[String],
+    args: &Args,
     cache: fn(&RemoteState) -> &RwLock<Cache<K>>,
     what: &str,
     shutdown: &CancellationToken,
@@ -583,8 +623,8 @@ where
     let rt = Arc::clone(rt);
     let name = Arc::clone(&state.name);
     tokio::spawn(follow(
-        scoped_api::<K>(&remote.client, namespaces),
-        watcher_config(&state.opts.leader_selector()),
+        scoped_api::<K>(&remote.client, &args.watch_namespaces),
+        watcher_config(&state.opts.leader_selector(), args),
         Arc::clone(state),
         cache,
         format!("remote {} {what}", state.name),

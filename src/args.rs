@@ -107,6 +107,13 @@ pub struct Args {
     /// Timeout of each request in the sweeper's listings; a listing that times out aborts the sweep.
     #[arg(long, env = "SWEEP_LIST_TIMEOUT_SECONDS", default_value_t = 30)]
     pub sweep_list_timeout_seconds: u64,
+
+    /// An API server (remote or local) that sends nothing for this long is treated as unreachable:
+    /// it bounds each connection attempt and each response, and watches are renewed at this
+    /// interval so a quiet healthy one never trips it. A hanging remote shows on /readyz within
+    /// about twice this.
+    #[arg(long, env = "API_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(2..=290))]
+    pub api_timeout_seconds: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -127,6 +134,11 @@ impl From<EndpointsModeArg> for EndpointsMode {
 }
 
 impl Args {
+    /// See `--api-timeout-seconds`.
+    pub fn api_timeout(&self) -> Duration {
+        Duration::from_secs(self.api_timeout_seconds.into())
+    }
+
     pub fn lease_duration(&self) -> Duration {
         Duration::from_secs(self.lease_duration_seconds)
     }

@@ -16,9 +16,68 @@ pub type GroupKey = (String, String);
 
 type Groups<K> = HashMap<GroupKey, BTreeMap<String, Arc<K>>>;
 
-pub struct Cache<K> {
+/// Objects by group, with an index from (namespace, name) to the group each object is in, so an
+/// update or delete finds its object in constant time at any cache size.
+struct Store<K> {
     groups: Groups<K>,
-    relist: Option<Groups<K>>,
+    located: HashMap<(String, String), String>,
+}
+
+impl<K: Resource> Store<K> {
+    fn new() -> Self {
+        Self {
+            groups: HashMap::new(),
+            located: HashMap::new(),
+        }
+    }
+
+    /// Stores the object (without its managedFields, which nothing here reads and which are
+    /// often the largest part of an object); returns the groups whose content changed: the
+    /// object's group and, if it moved (a slice relabelled to another service), its old one.
+    fn insert(&mut self, group_of: fn(&K) -> Option<String>, mut obj: K) -> Vec<GroupKey> {
+        let Some((ns, name)) = ids(&obj) else {
+            return Vec::new();
+        };
+        let new_group = group_of(&obj);
+        let mut touched = Vec::new();
+        if let Some(old) = self.located.get(&(ns.clone(), name.clone()))
+            && Some(old) != new_group.as_ref()
+        {
+            touched.extend(self.remove(&ns, &name));
+        }
+        let Some(group) = new_group else {
+            return touched;
+        };
+        obj.meta_mut().managed_fields = None;
+        let key = (ns.clone(), group.clone());
+        self.groups
+            .entry(key.clone())
+            .or_default()
+            .insert(name.clone(), Arc::new(obj));
+        self.located.insert((ns, name), group);
+        touched.push(key);
+        touched
+    }
+
+    /// Removes the object wherever it is; returns its group if it was held.
+    fn remove(&mut self, ns: &str, name: &str) -> Vec<GroupKey> {
+        let Some(group) = self.located.remove(&(ns.to_string(), name.to_string())) else {
+            return Vec::new();
+        };
+        let key = (ns.to_string(), group);
+        if let Some(members) = self.groups.get_mut(&key) {
+            members.remove(name);
+            if members.is_empty() {
+                self.groups.remove(&key);
+            }
+        }
+        vec![key]
+    }
+}
+
+pub struct Cache<K> {
+    store: Store<K>,
+    relist: Option<Store<K>>,
     ready: bool,
     group_of: fn(&K) -> Option<String>,
     /// when the last complete listing was applied
@@ -48,7 +107,7 @@ fn ids<K: Resource>(obj: &K) -> Option<(String, String)> {
 impl<K: Resource> Cache<K> {
     pub fn new(group_of: fn(&K) -> Option<String>) -> Self {
         Self {
-            groups: HashMap::new(),
+            store: Store::new(),
             relist: None,
             ready: false,
             group_of,
@@ -62,43 +121,16 @@ impl<K: Resource> Cache<K> {
         self.ready
     }
 
-    fn insert(
-        groups: &mut Groups<K>,
-        group_of: fn(&K) -> Option<String>,
-        obj: K,
-    ) -> Option<GroupKey> {
-        let (ns, name) = ids(&obj)?;
-        let group = group_of(&obj)?;
-        let key = (ns, group);
-        groups
-            .entry(key.clone())
-            .or_default()
-            .insert(name, Arc::new(obj));
-        Some(key)
-    }
-
-    /// Removes the object wherever it is (its group may have changed since it was stored).
-    fn remove(groups: &mut Groups<K>, ns: &str, name: &str) -> Vec<GroupKey> {
-        let mut touched = Vec::new();
-        groups.retain(|key, members| {
-            if key.0 == ns && members.remove(name).is_some() {
-                touched.push(key.clone());
-            }
-            !members.is_empty()
-        });
-        touched
-    }
-
     /// Applies one watch event; returns the groups whose content changed.
     pub fn apply(&mut self, event: Event<K>) -> Vec<GroupKey> {
         match event {
             Event::Init => {
-                self.relist = Some(HashMap::new());
+                self.relist = Some(Store::new());
                 Vec::new()
             }
             Event::InitApply(obj) => {
                 if let Some(buf) = self.relist.as_mut() {
-                    Self::insert(buf, self.group_of, obj);
+                    buf.insert(self.group_of, obj);
                 }
                 Vec::new()
             }
@@ -106,56 +138,18 @@ impl<K: Resource> Cache<K> {
                 let Some(new) = self.relist.take() else {
                     return Vec::new();
                 };
-                let old = std::mem::replace(&mut self.groups, new);
+                let old = std::mem::replace(&mut self.store, new);
                 self.ready = true;
                 self.last_list = Some(Instant::now());
                 self.error = None;
-                changed_groups(&old, &self.groups)
+                changed_groups(&old.groups, &self.store.groups)
             }
-            Event::Apply(obj) => {
-                let Some((ns, name)) = ids(&obj) else {
-                    return Vec::new();
-                };
-                let new_group = (self.group_of)(&obj);
-                let mut touched = Vec::new();
-                // the group changed (a slice relabelled to another service): drop the old entry
-                let moved: Vec<GroupKey> = self
-                    .groups
-                    .iter()
-                    .filter(|(k, m)| {
-                        k.0 == ns && m.contains_key(&name) && Some(&k.1) != new_group.as_ref()
-                    })
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for key in moved {
-                    touched.extend(Self::remove_from(&mut self.groups, &key, &name));
-                }
-                touched.extend(Self::insert(&mut self.groups, self.group_of, obj));
-                touched
-            }
-            Event::Delete(obj) => {
-                let Some((ns, name)) = ids(&obj) else {
-                    return Vec::new();
-                };
-                match (self.group_of)(&obj) {
-                    Some(group) => Self::remove_from(&mut self.groups, &(ns, group), &name),
-                    None => Self::remove(&mut self.groups, &ns, &name),
-                }
-            }
+            Event::Apply(obj) => self.store.insert(self.group_of, obj),
+            Event::Delete(obj) => match ids(&obj) {
+                Some((ns, name)) => self.store.remove(&ns, &name),
+                None => Vec::new(),
+            },
         }
-    }
-
-    fn remove_from(groups: &mut Groups<K>, key: &GroupKey, name: &str) -> Vec<GroupKey> {
-        let Some(members) = groups.get_mut(key) else {
-            return Vec::new();
-        };
-        if members.remove(name).is_none() {
-            return Vec::new();
-        }
-        if members.is_empty() {
-            groups.remove(key);
-        }
-        vec![key.clone()]
     }
 
     /// Records that the watch is failing (the cached view stays as it was).
@@ -175,7 +169,8 @@ impl<K: Resource> Cache<K> {
 
     /// Every object of a group (the slices of one service), in name order.
     pub fn group(&self, key: &GroupKey) -> Vec<Arc<K>> {
-        self.groups
+        self.store
+            .groups
             .get(key)
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
@@ -183,20 +178,20 @@ impl<K: Resource> Cache<K> {
 
     /// The object of a group named like the group (the Service or Endpoints itself).
     pub fn named(&self, key: &GroupKey) -> Option<Arc<K>> {
-        self.groups.get(key)?.get(&key.1).cloned()
+        self.store.groups.get(key)?.get(&key.1).cloned()
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &GroupKey> {
-        self.groups.keys()
+        self.store.groups.keys()
     }
 
     /// Number of objects held.
     pub fn len(&self) -> usize {
-        self.groups.values().map(BTreeMap::len).sum()
+        self.store.located.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
+        self.store.located.is_empty()
     }
 }
 
@@ -238,6 +233,23 @@ mod tests {
 
     fn key(ns: &str, name: &str) -> GroupKey {
         (ns.into(), name.into())
+    }
+
+    #[test]
+    fn managed_fields_are_not_kept_and_deletes_find_their_group() {
+        let mut c = Cache::new(by_service_label::<EndpointSlice>);
+        let mut s = slice("a", "x-1", "x", "1");
+        s.metadata.managed_fields = Some(vec![Default::default()]);
+        c.apply(Event::Apply(s));
+        let held = c.group(&key("a", "x"));
+        assert_eq!(held.len(), 1);
+        assert!(held[0].metadata.managed_fields.is_none());
+        // a delete event whose object lost its label still removes it from its group
+        let mut gone = slice("a", "x-1", "x", "2");
+        gone.metadata.labels = None;
+        assert_eq!(c.apply(Event::Delete(gone)), vec![key("a", "x")]);
+        assert!(c.is_empty());
+        assert_eq!(c.len(), 0);
     }
 
     #[test]

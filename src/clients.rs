@@ -100,6 +100,19 @@ fn authority(cfg: &Config) -> String {
     format!("{host}:{port}")
 }
 
+/// A connection attempt, and every response, must make progress within `--api-timeout-seconds`
+/// (the read limit adds a margin over the server-side watch timeout, so a quiet watch that the
+/// server ends on time never trips it). Without this a hanging (not refusing) API server would
+/// stall a list or a watch start forever, unseen.
+fn with_timeouts(mut cfg: Config, args: &Args) -> Config {
+    cfg.connect_timeout = Some(args.api_timeout());
+    cfg.read_timeout = Some(args.api_timeout() + READ_MARGIN);
+    cfg.reset_reader_on_write = true;
+    cfg
+}
+
+const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn build(args: &Args) -> Result<Clients> {
     let local_cfg = local_config(args).await?;
     let (remote_cfg, context_name) = remote_config(args).await?;
@@ -109,8 +122,10 @@ pub async fn build(args: &Args) -> Result<Clients> {
             authority(&local_cfg)
         )));
     }
-    let local = Client::try_from(local_cfg).map_err(|e| config_err("local client", e))?;
-    let remote = Client::try_from(remote_cfg).map_err(|e| config_err("remote client", e))?;
+    let local = Client::try_from(with_timeouts(local_cfg, args))
+        .map_err(|e| config_err("local client", e))?;
+    let remote = Client::try_from(with_timeouts(remote_cfg, args))
+        .map_err(|e| config_err("remote client", e))?;
     let name = args.cluster_name.clone().unwrap_or(context_name);
     Ok(Clients {
         local,

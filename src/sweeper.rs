@@ -119,6 +119,25 @@ pub struct SweepReport {
     pub deleted: usize,
 }
 
+/// The namespaces to list: each watched one, or (None) the whole cluster.
+fn scopes(namespaces: &[String]) -> Vec<Option<&str>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    }
+}
+
+fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 pub async fn sweep(
     ctx: &Ctx,
     remote_name: &str,
@@ -129,22 +148,17 @@ pub async fn sweep(
 ) -> Result<SweepReport> {
     let local = ctx.writer.client().clone();
     let sel = opts.follower_selector();
-    let services = list_all(&Api::<Service>::all(local.clone()), &sel, timeout).await?;
-    let slices = list_all(&Api::<EndpointSlice>::all(local.clone()), &sel, timeout).await?;
-    let endpoints = list_all(&Api::<Endpoints>::all(local), &sel, timeout).await?;
+    let (mut services, mut slices, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
+    for ns in scopes(namespaces) {
+        services.extend(list_all(&scoped::<Service>(&local, ns), &sel, timeout).await?);
+        slices.extend(list_all(&scoped::<EndpointSlice>(&local, ns), &sel, timeout).await?);
+        endpoints.extend(list_all(&scoped::<Endpoints>(&local, ns), &sel, timeout).await?);
+    }
 
     let leader_sel = opts.leader_selector();
     let mut leaders = HashSet::new();
-    let apis: Vec<Api<Service>> = if namespaces.is_empty() {
-        vec![Api::all(remote.clone())]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| Api::namespaced(remote.clone(), ns))
-            .collect()
-    };
-    for api in &apis {
-        for s in list_all(api, &leader_sel, timeout).await? {
+    for ns in scopes(namespaces) {
+        for s in list_all(&scoped::<Service>(remote, ns), &leader_sel, timeout).await? {
             leaders.insert((s.namespace().unwrap_or_default(), s.name_any()));
         }
     }

@@ -151,6 +151,18 @@ impl Daemon {
         stat.contains(") Z ").then(|| "exited".to_string())
     }
 
+    /// Peak resident memory (VmHWM) of the process, in MiB.
+    pub fn peak_mib(&self) -> f64 {
+        let pid = self.child.as_ref().map(|c| c.id()).unwrap_or(0);
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .unwrap_or(0.0)
+    }
+
     /// SIGKILL, no goodbye (a crash).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -3,6 +3,8 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod daemon;
+pub mod fault;
+pub mod proxy;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

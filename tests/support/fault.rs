@@ -1,0 +1,172 @@
+//! What every fault case needs besides the proxy: a kubeconfig that routes chosen clusters
+//! through proxies, a snapshot of the local objects to prove that nothing else changed, and one
+//! row of the reliability report per case (docs/reliability.md is generated from these rows by
+//! scripts/reliability-report, never typed by hand).
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, PartialObjectMeta};
+use kube::{Api, Client};
+
+use super::{bed, config, repo_root};
+
+pub const FOLLOWER: (&str, &str) = ("fair.com/cross-cluster", "follower");
+
+/// host:port of one cluster's API server.
+pub async fn upstream(context: &str) -> String {
+    let url = config(context).await.cluster_url;
+    format!(
+        "{}:{}",
+        url.host().expect("server host"),
+        url.port_u16().expect("server port")
+    )
+}
+
+/// A copy of the bed's kubeconfig in which each named context's cluster is reached through the
+/// given URL (a proxy). Same CA, same credentials: TLS is verified end to end.
+pub async fn routed_kubeconfig(routes: &[(&str, String)], path: &Path) {
+    let mut kc: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(&bed().await.kubeconfig).expect("read kubeconfig"),
+    )
+    .expect("kubeconfig is YAML");
+    for (context, url) in routes {
+        let clusters = kc["clusters"]
+            .as_sequence_mut()
+            .expect("kubeconfig clusters");
+        let c = clusters
+            .iter_mut()
+            .find(|c| c["name"] == *context)
+            .unwrap_or_else(|| panic!("no cluster {context} in the bed's kubeconfig"));
+        c["cluster"]["server"] = serde_yaml::Value::String(url.clone());
+    }
+    std::fs::write(path, serde_yaml::to_string(&kc).expect("yaml")).expect("write kubeconfig");
+}
+
+/// (uid, resourceVersion, is a follower) of every Service, Endpoints, EndpointSlice and
+/// ConfigMap in the given namespaces of one cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot(BTreeMap<(String, String, String), (String, String, bool)>);
+
+async fn kind<K>(c: &Client, ns: &str, kind: &str, out: &mut Snapshot)
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<PartialObjectMeta<K>> = Api::namespaced(c.clone(), ns);
+    let list = api
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("snapshot listing");
+    for o in list.items {
+        let m = o.metadata;
+        let follower = m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(FOLLOWER.0))
+            .is_some_and(|v| v == FOLLOWER.1);
+        out.0.insert(
+            (kind.to_string(), ns.to_string(), m.name.unwrap_or_default()),
+            (
+                m.uid.unwrap_or_default(),
+                m.resource_version.unwrap_or_default(),
+                follower,
+            ),
+        );
+    }
+}
+
+pub async fn snapshot(c: &Client, namespaces: &[&str]) -> Snapshot {
+    let mut s = Snapshot::default();
+    for ns in namespaces {
+        kind::<Service>(c, ns, "Service", &mut s).await;
+        kind::<Endpoints>(c, ns, "Endpoints", &mut s).await;
+        kind::<EndpointSlice>(c, ns, "EndpointSlice", &mut s).await;
+        kind::<ConfigMap>(c, ns, "ConfigMap", &mut s).await;
+    }
+    s
+}
+
+impl Snapshot {
+    /// Non-follower objects of `self` (before) that changed, or vanished, in `after`.
+    pub fn non_followers_touched(&self, after: &Snapshot) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(_, (_, _, follower))| !follower)
+            .filter(|(k, v)| after.0.get(*k) != Some(*v))
+            .map(|((kind, ns, name), _)| format!("{kind} {ns}/{name}"))
+            .collect()
+    }
+
+    /// Follower Services of `self` (before) whose leader still exists (`alive`) but which are
+    /// gone in `after` or were deleted and re-made (another uid) in between.
+    pub fn followers_lost(&self, after: &Snapshot, alive: &BTreeSet<String>) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|((kind, _, name), (_, _, follower))| {
+                *follower && kind == "Service" && alive.contains(name)
+            })
+            .filter(|(k, (uid, _, _))| after.0.get(*k).map(|v| &v.0) != Some(uid))
+            .map(|((_, ns, name), _)| format!("{ns}/{name}"))
+            .collect()
+    }
+
+    /// Names of the follower Services held.
+    pub fn followers(&self) -> BTreeSet<String> {
+        self.0
+            .iter()
+            .filter(|((kind, _, _), (_, _, f))| *f && kind == "Service")
+            .map(|((_, _, name), _)| name.clone())
+            .collect()
+    }
+}
+
+/// One row of the reliability report.
+#[derive(serde::Serialize)]
+pub struct Row<'a> {
+    /// file name and sort key
+    pub id: &'a str,
+    pub scenario: &'a str,
+    pub done: &'a str,
+    /// seconds from the end of the fault to convergence (None where the case measures something
+    /// else, e.g. detection)
+    pub converge_s: Option<f64>,
+    /// a figure of its own, e.g. "detected in 7.1 s"
+    pub note: String,
+    pub objects_lost: usize,
+    pub non_followers_touched: usize,
+}
+
+fn report_dir() -> PathBuf {
+    repo_root().join("target/reliability")
+}
+
+/// Records a row; the caller asserts the counts are zero after recording, so a failing case
+/// still leaves its figures behind.
+pub fn record(row: &Row) {
+    let dir = report_dir();
+    std::fs::create_dir_all(&dir).expect("report dir");
+    std::fs::write(
+        dir.join(format!("{}.json", row.id)),
+        serde_json::to_string_pretty(row).expect("row json"),
+    )
+    .expect("write report row");
+}
+
+/// Asserts the two invariants every case ends with, after recording them.
+pub fn assert_nothing_else_changed(lost: &[String], touched: &[String]) {
+    assert!(
+        lost.is_empty(),
+        "followers lost whose leader exists: {lost:?}"
+    );
+    assert!(touched.is_empty(), "non-followers touched: {touched:?}");
+}
+
+/// Seconds as a short figure.
+pub fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 100.0).round() / 100.0
+}
