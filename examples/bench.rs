@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, PartialObjectMeta, PostParams};
+use kube::api::{PartialObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config};
@@ -66,15 +66,24 @@ fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlic
     .expect("slice fixture")
 }
 
-/// Deletes the namespaces a run made. Not waited for: the namespace controller removes their
-/// objects in the background, after every measurement is taken (which is why the scenarios keep
-/// their namespaces until the end: deletions would count as API writes of the next scenario).
-async fn delete_all(c: &Client, names: &[String]) -> Res<()> {
-    let api = Api::<Namespace>::all(c.clone());
-    for name in names {
-        api.delete(name, &DeleteParams::background()).await?;
+/// A fresh test bed (down, then up) for each scenario: no scenario pays for the objects of the
+/// previous one (the API server's ClusterIP repair loop and the namespace controller would be
+/// busy with them for minutes), and clean-up costs nothing. The bed is the one in
+/// $XCC_TESTBED_DIR, which scripts/bench points at a directory of its own.
+async fn fresh_bed(kc: &Path) -> Res<(Client, Client)> {
+    if std::env::var_os("XCC_TESTBED_DIR").is_none() {
+        return Err("run the benchmark with scripts/bench: it resets a test bed of its own".into());
     }
-    Ok(())
+    for cmd in ["down", "up"] {
+        let out = Command::new("bash")
+            .args(["testbed/bed", cmd])
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("testbed/bed {cmd} failed").into());
+        }
+    }
+    Ok((client(kc, "east").await?, client(kc, "west").await?))
 }
 
 async fn create_ns(c: &Client, name: &str) -> Res<()> {
@@ -276,7 +285,6 @@ struct Row {
     idle_writes: f64,
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn scenario(
     bin: &Path,
     kc: &Path,
@@ -285,7 +293,6 @@ async fn scenario(
     n: usize,
     eps: usize,
     tag: &str,
-    cleanup: &mut Vec<String>,
 ) -> Res<Row> {
     let ns = format!("bench-{tag}-{n}-{eps}");
     let floor_ns = format!("{ns}-floor");
@@ -297,7 +304,6 @@ async fn scenario(
     write_all(east, &ns, n, eps, true).await?;
     eprintln!("[{n} x {eps}] floor");
     let floor = write_all(west, &floor_ns, n, eps, false).await?;
-    cleanup.push(floor_ns);
 
     eprintln!("[{n} x {eps}] daemon");
     let writes_before = api_writes(west).await?;
@@ -320,7 +326,6 @@ async fn scenario(
     let idle = api_writes(west).await? - idle_before;
     let (peak, steady, cpu) = proc.stat();
     drop(proc);
-    cleanup.push(ns);
     Ok(Row {
         services: n,
         endpoints: eps,
@@ -360,7 +365,6 @@ async fn lag(
     rate: u32,
     secs: u64,
     tag: &str,
-    cleanup: &mut Vec<String>,
 ) -> Res<Lag> {
     let ns = format!("bench-lag-{tag}-{n}");
     for c in [east, west] {
@@ -435,7 +439,6 @@ async fn lag(
     tokio::time::sleep(Duration::from_secs(3)).await;
     watch.abort();
     drop(proc);
-    cleanup.push(ns);
     let mut v = seen.lock().map(|v| v.clone()).unwrap_or_default();
     v.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| {
@@ -562,8 +565,6 @@ async fn main() -> Res<()> {
         .get(4)
         .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
         .unwrap_or(vec![100, 1000, 10000]);
-    let east = client(&kc, "east").await?;
-    let west = client(&kc, "west").await?;
     let tag = format!(
         "{:x}",
         std::time::SystemTime::now()
@@ -573,23 +574,16 @@ async fn main() -> Res<()> {
     );
     let started = Instant::now();
     let mut rows = Vec::new();
-    let mut cleanup = Vec::new();
-    let result = async {
-        for &n in &sizes {
-            for eps in [3, 100] {
-                let row = scenario(&bin, &kc, &east, &west, n, eps, &tag, &mut cleanup).await?;
-                eprintln!("  -> {}", serde_json::to_string(&row)?);
-                rows.push(row);
-            }
+    for &n in &sizes {
+        for eps in [3, 100] {
+            let (east, west) = fresh_bed(&kc).await?;
+            let row = scenario(&bin, &kc, &east, &west, n, eps, &tag).await?;
+            eprintln!("  -> {}", serde_json::to_string(&row)?);
+            rows.push(row);
         }
-        lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag, &mut cleanup).await
     }
-    .await;
-    for c in [&east, &west] {
-        // each namespace exists in one or both clusters
-        let _ = delete_all(c, &cleanup).await;
-    }
-    let lag = result?;
+    let (east, west) = fresh_bed(&kc).await?;
+    let lag = lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag).await?;
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("convergence.svg"), svg_convergence(&rows))?;
     std::fs::write(out.join("lag.svg"), svg_lag(&lag))?;

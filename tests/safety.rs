@@ -1,7 +1,7 @@
 //! End to end: the safety invariants under an unreachable remote, two replicas, and bad input.
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -9,6 +9,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, run_to_exit};
+use support::fault::{Row, assert_nothing_else_changed, record, secs, snapshot};
 use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
@@ -62,6 +63,8 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     for n in ["a", "b", "c"] {
         eventually("followers", WAIT, || present(&local, n)).await;
     }
+    let local_client = client(LOCAL).await;
+    let before = snapshot(&local_client, &[&ns.name]).await;
 
     // the remote API server dies (etcd stays): watches fail, sweeps must abort, nothing deleted
     tokio::task::spawn_blocking(|| bed_cmd(&["kill", NORTH, "apiserver"]))
@@ -102,6 +105,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     tokio::task::spawn_blocking(|| bed_cmd(&["start", NORTH]))
         .await
         .unwrap();
+    let back = Instant::now();
     remote.delete("b", &DeleteParams::default()).await.unwrap();
     eventually("the follower of the deleted leader to go", WAIT, || async {
         match local.get_opt("b").await.map_err(|e| e.to_string())? {
@@ -122,6 +126,23 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
         }
     })
     .await;
+    let took = back.elapsed();
+    let after = snapshot(&local_client, &[&ns.name]).await;
+    let alive = ["a", "c"].iter().map(|s| s.to_string()).collect();
+    let (lost, touched) = (
+        before.followers_lost(&after, &alive),
+        before.non_followers_touched(&after),
+    );
+    record(&Row {
+        id: "13-remote-killed",
+        scenario: "Remote API server process killed (SIGKILL), in steady state and while a fresh daemon starts, then restarted",
+        done: "testbed/bed kill north apiserver; 3+ sweeps (every 1 s) aborted; the daemon restarted while it was down; a leader deleted once it was back",
+        converge_s: Some(secs(took)),
+        note: "0 deletes while down; /readyz 503 with the reason, then 200; the deletion applied after a complete listing".into(),
+        objects_lost: lost.len(),
+        non_followers_touched: touched.len(),
+    });
+    assert_nothing_else_changed(&lost, &touched);
     let _ = north_ns.delete(&ns.name, &DeleteParams::background()).await;
 }
 
@@ -161,9 +182,12 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         0.0,
         "the standby never writes"
     );
+    let local_client = client(LOCAL).await;
+    let before = snapshot(&local_client, &[&ns.name]).await;
 
     // crash the leader: the standby takes over after the lease expires
     one.kill();
+    let killed = Instant::now();
     let leases: Api<Lease> = Api::namespaced(client(LOCAL).await, &ns.name);
     eventually(
         "replica 2 to take over",
@@ -177,6 +201,7 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         },
     )
     .await;
+    let takeover = killed.elapsed();
     let lease = leases.get("cross-cluster-controller").await.unwrap();
     assert_eq!(
         lease.spec.unwrap().holder_identity.as_deref(),
@@ -187,6 +212,26 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         .await
         .unwrap();
     eventually("the new leader mirrors", WAIT, || present(&local, "y")).await;
+    let took = killed.elapsed();
+    let after = snapshot(&local_client, &[&ns.name]).await;
+    let alive = ["x", "y"].iter().map(|s| s.to_string()).collect();
+    let (lost, touched) = (
+        before.followers_lost(&after, &alive),
+        before.non_followers_touched(&after),
+    );
+    record(&Row {
+        id: "41-leader-takeover",
+        scenario: "Leader killed (SIGKILL) with a second replica waiting",
+        done: "two replicas, 6 s Lease; the leader SIGKILLed; a new leader created remotely after the takeover",
+        converge_s: Some(secs(took)),
+        note: format!(
+            "takeover after {:.1} s (Lease 6 s); the standby wrote nothing while the other held the Lease",
+            takeover.as_secs_f64()
+        ),
+        objects_lost: lost.len(),
+        non_followers_touched: touched.len(),
+    });
+    assert_nothing_else_changed(&lost, &touched);
 
     // a clean stop releases the lease at once, and exits 0
     assert_eq!(two.terminate().await, Some(0));
