@@ -180,7 +180,19 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// SIGTERM, as Kubernetes stops a pod (a heap-profiling build writes its profile then);
+    /// SIGKILL if it has not exited after 30 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -574,8 +586,13 @@ async fn main() -> Res<()> {
     );
     let started = Instant::now();
     let mut rows = Vec::new();
+    // XCC_BENCH_ENDPOINTS=3 runs only the 3-endpoint scenarios (for a profile)
+    let endpoints: Vec<usize> = std::env::var("XCC_BENCH_ENDPOINTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|e| e.parse().ok()).collect())
+        .unwrap_or(vec![3, 100]);
     for &n in &sizes {
-        for eps in [3, 100] {
+        for &eps in &endpoints {
             let (east, west) = fresh_bed(&kc).await?;
             let row = scenario(&bin, &kc, &east, &west, n, eps, &tag).await?;
             eprintln!("  -> {}", serde_json::to_string(&row)?);

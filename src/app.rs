@@ -88,9 +88,11 @@ async fn follow<K, T>(
                 }
                 Some(Err(e)) => {
                     // the cache keeps its last complete view: an unreachable API deletes nothing
-                    write(cache(&holder)).failed(e.to_string());
+                    // with its causes: a TLS or DNS failure is named only there
+                    let why = crate::error::chain(&e);
+                    write(cache(&holder)).failed(why.clone());
                     if !failing {
-                        warn!(watch = %what, error = %e, "watch failed; retrying with back-off, nothing is deleted meanwhile");
+                        warn!(watch = %what, error = %why, "watch failed; retrying with back-off, nothing is deleted meanwhile");
                     }
                     failing = true;
                     break;

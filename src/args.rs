@@ -220,12 +220,28 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
             "the name must be alphanumeric, '-', '_' or '.', starting and ending alphanumeric",
         );
     }
+    // without a prefix, the follower annotations are `<key>-origin-cluster` etc., and must fit
+    if prefix.is_none() && name.len() + LONGEST_ANNOTATION_SUFFIX.len() > 63 {
+        return bad(
+            "without a prefix it must be at most 48 characters (the follower annotation <key>-origin-cluster must fit in 63)",
+        );
+    }
     Ok(())
 }
+
+const LONGEST_ANNOTATION_SUFFIX: &str = "-origin-cluster";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_label_key_leaves_room_for_the_follower_annotations() {
+        assert!(validate_label_key(&"k".repeat(48)).is_ok());
+        let err = validate_label_key(&"k".repeat(49)).unwrap_err();
+        assert!(err.contains("at most 48"), "{err}");
+        assert!(validate_label_key(&format!("example.com/{}", "k".repeat(63))).is_ok());
+    }
     use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Args {

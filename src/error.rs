@@ -42,6 +42,23 @@ impl Error {
     }
 }
 
+/// An error with its causes, on one line: `a: b: c`. Connection errors name their cause only in
+/// the chain (a TLS failure displays as just `client error (Connect)`); a cause whose text the
+/// line already holds is not repeated.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line.replace('\n', " ")
+}
+
 pub fn kube_category(e: &kube::Error) -> &'static str {
     match e {
         kube::Error::Api(s) => match s.code {

@@ -15,7 +15,13 @@ fn runtime() -> tokio::runtime::Runtime {
     }
 }
 
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() {
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::new_heap();
     let cli = Cli::parse();
     if let Some(Command::RemoteAccess(args)) = cli.command {
         match runtime().block_on(remote_access::run(args)) {

@@ -32,15 +32,20 @@ pub fn sentry_options() -> sentry::ClientOptions {
     o
 }
 
-/// Error-level events become Sentry events; info and warn lines ride along as breadcrumbs.
+/// Our own error-level lines become Sentry events; info, warn and libraries' error lines ride
+/// along as breadcrumbs. (The Kubernetes client logs every failed request at error level: as
+/// events, a remote outage would send one per retry.)
 pub fn sentry_layer<S>() -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     use sentry::integrations::tracing::{BreadcrumbLayer, ErrorLayer};
-    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::filter::{LevelFilter, filter_fn};
     ErrorLayer::new()
-        .with_filter(LevelFilter::ERROR)
+        .with_filter(filter_fn(|md| {
+            *md.level() == tracing::Level::ERROR
+                && md.target().starts_with(env!("CARGO_CRATE_NAME"))
+        }))
         .and_then(BreadcrumbLayer::new().with_filter(LevelFilter::INFO))
 }
 
@@ -52,13 +57,7 @@ pub fn init() -> Telemetry {
         .ok()
         .filter(|d| !d.is_empty())
         .map(|dsn| sentry::init((dsn, sentry_options())));
-    // error-level events become Sentry events; info and warn lines ride along as breadcrumbs
-    let sentry_layers = sentry_guard.as_ref().map(|_| {
-        use sentry::integrations::tracing::{BreadcrumbLayer, ErrorLayer};
-        ErrorLayer::new().and_then(
-            BreadcrumbLayer::new().with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-        )
-    });
+    let sentry_layers = sentry_guard.as_ref().map(|_| sentry_layer());
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(sentry_layers);
@@ -93,11 +92,17 @@ mod tests {
                 tracing::subscriber::with_default(subscriber, || {
                     tracing::info!("context line");
                     tracing::error!(category = "forbidden", "reconcile keeps failing");
+                    // a library's error line (kube-client logs each failed request) is context
+                    tracing::error!(target: "kube_client::client", "failed with error client error (Connect)");
                 });
             },
             sentry_options(),
         );
         assert_eq!(events.len(), 1, "one event for the one error line");
+        assert!(
+            format!("{:?}", events[0]).contains("reconcile keeps failing"),
+            "the event is our line, not the library's"
+        );
         let ev = &events[0];
         assert_eq!(
             ev.release.as_deref(),
