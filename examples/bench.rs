@@ -44,9 +44,15 @@ fn service(name: &str, leader: bool) -> Service {
     } else {
         json!({"app": name})
     };
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
-        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))
-    .expect("service fixture")
+    let mut spec = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
+    // headless by default: this Kubernetes version's ClusterIP allocator gets slower with every
+    // Service (10,000 take 130 s to create here, 18 s headless), the same for the floor and the
+    // daemon, and would hide both; XCC_BENCH_CLUSTERIP=1 measures with ClusterIPs anyway
+    if std::env::var_os("XCC_BENCH_CLUSTERIP").is_none() {
+        spec["clusterIP"] = json!("None");
+    }
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
+        .expect("service fixture")
 }
 
 fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlice {
@@ -316,6 +322,7 @@ async fn scenario(
     write_all(east, &ns, n, eps, true).await?;
     eprintln!("[{n} x {eps}] floor");
     let floor = write_all(west, &floor_ns, n, eps, false).await?;
+    eprintln!("[{n} x {eps}] floor took {floor:.1}s");
 
     eprintln!("[{n} x {eps}] daemon");
     let writes_before = api_writes(west).await?;

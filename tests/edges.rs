@@ -568,7 +568,7 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         "every valid leader has its follower"
     );
     record(&Row {
-        id: "60-edge-objects",
+        id: "61-edge-objects",
         scenario: "Remote objects at the edges of validity: 63-character name with labels at their limits, 100 named ports, one unnamed UDP port, FQDN and IPv6 EndpointSlices, 255 KiB of annotations, and a leader whose namespace is missing locally",
         done: "7 leaders created at once in the remote cluster under a running daemon; then the missing namespace created locally",
         converge_s: Some(secs(took)),
@@ -770,7 +770,7 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     let touched = before.non_followers_touched(&after);
     let conflicts = d.metric("xcc_conflicts_total", &[]);
     record(&Row {
-        id: "61-edge-kube-system",
+        id: "62-edge-kube-system",
         scenario: "A remote leader in kube-system, and a remote leader whose name equals a local non-follower Service in kube-system",
         done: "a daemon with --watch-namespace kube-system (Lease in its own namespace); two leaders created in the remote kube-system, a plain local Service of the second one's name made first",
         converge_s: Some(secs(took)),

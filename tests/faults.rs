@@ -931,3 +931,117 @@ async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let case = Case::new("fault-token", REMOTE, LOCAL, &["a", "b"]).await;
+    let east = client(REMOTE).await;
+    let pp = PostParams::default();
+    let role = format!("{}-reader", case.ns.name);
+    Api::<ClusterRole>::all(east.clone())
+        .create(&pp, &obj(json!({"metadata": {"name": role}, "rules": [
+            {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]})))
+        .await
+        .unwrap();
+    let sas: Api<ServiceAccount> = Api::namespaced(east.clone(), &case.ns.name);
+    let bindings: Api<ClusterRoleBinding> = Api::all(east.clone());
+    let reader = |sa: &str| -> ClusterRoleBinding {
+        obj(json!({"metadata": {"name": format!("{role}-{sa}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": case.ns.name}]}))
+    };
+    for sa in ["reader-a", "reader-b"] {
+        sas.create(&pp, &obj(json!({"metadata": {"name": sa}})))
+            .await
+            .unwrap();
+        bindings.create(&pp, &reader(sa)).await.unwrap();
+    }
+    // the kubeconfig names a token file, as a mounted Secret key would be: the client re-reads it
+    let token_file = case.path("token");
+    std::fs::write(
+        &token_file,
+        support::mint_token(REMOTE, &case.ns.name, "reader-a").await,
+    )
+    .unwrap();
+    let kc = case.path("remote-token-file");
+    support::token_kubeconfig(REMOTE, "east-reader", "PLACEHOLDER", &kc).await;
+    let text = std::fs::read_to_string(&kc).unwrap().replace(
+        "token: PLACEHOLDER",
+        &format!("tokenFile: {}", token_file.display()),
+    );
+    std::fs::write(&kc, text).unwrap();
+    let args = with(
+        on(args_for(&case.ns.name), "--remote-context", "east-reader"),
+        &[&["--kubeconfig", kc.to_str().expect("path")][..], &FAST].concat(),
+    );
+    let d = Daemon::start(&args).await;
+    d.wait_synced().await;
+    eventually("first convergence", WAIT, || case.converged()).await;
+    let before = case.snapshot().await;
+
+    // revoked: the ServiceAccount behind the token is deleted, so the token no longer authenticates
+    // (a watch already open keeps streaming: the refusal shows when it is renewed, within the
+    // API timeout; a delete seen before that is a confirmed delete and rightly applied)
+    sas.delete("reader-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let body = wait_not_ready(&d, "/readyz to name the refused credential").await;
+    assert!(
+        body.contains("Unauthorized") || body.contains("401"),
+        "{body}"
+    );
+    case.remote
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
+    wait_metric_at_least(
+        &d,
+        "xcc_sweeps_total",
+        &["outcome=\"aborted\""],
+        aborted + 2.0,
+    )
+    .await;
+    present(&case.local, "b")
+        .await
+        .expect("nothing deleted on a refused credential");
+
+    // replaced: a new token lands in the file; the client picks it up within its 60 s re-read
+    std::fs::write(
+        &token_file,
+        support::mint_token(REMOTE, &case.ns.name, "reader-b").await,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    eventually(
+        "recovery with the new token",
+        Duration::from_secs(120),
+        || async {
+            match d.readyz()? {
+                (200, _) => case.converged().await,
+                (code, body) => Err(format!("{code} {body}")),
+            }
+        },
+    )
+    .await;
+    let took = t0.elapsed();
+    case.finish(&before, RowArgs {
+        id: "60-remote-token-revoked",
+        scenario: "Remote token revoked, then replaced",
+        done: "the remote ServiceAccount behind the daemon's token deleted (401), then a leader deleted; then a new token written to the kubeconfig's tokenFile",
+        converge: Some(took),
+        note: format!("/readyz 503 naming the refusal ({}), sweeps aborted, 0 deletes; recovered without a restart (the client re-reads a token file every 60 s)", if body.contains("Unauthorized") { "Unauthorized" } else { "401" }),
+    })
+    .await;
+    let _ = Api::<ClusterRole>::all(east)
+        .delete(&role, &DeleteParams::default())
+        .await;
+    for sa in ["reader-a", "reader-b"] {
+        let _ = bindings
+            .delete(&format!("{role}-{sa}"), &DeleteParams::default())
+            .await;
+    }
+}

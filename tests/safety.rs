@@ -252,11 +252,15 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
     std::fs::write(&broken, "clusters: [this is: not yaml").unwrap();
     let broken = broken.to_string_lossy().to_string();
     let kenv = [("KUBECONFIG", kc.as_str())];
+    let long_key = "k".repeat(49);
+    let local_client = client(LOCAL).await;
+    let before = snapshot(&local_client, &["default"]).await;
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--workers", "0"], "--workers"),
         (vec!["--endpoints-mode", "sideways"], "--endpoints-mode"),
         (vec!["--sweep-schedule", "sometimes"], "--sweep-schedule"),
         (vec!["--label-key", "not a key"], "--label-key"),
+        (vec!["--label-key", &long_key], "at most 48"),
         (
             vec![
                 "--devmode",
@@ -323,6 +327,21 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
             assert_eq!(lines.len(), 1, "{args:?}: one line, got:\n{out}");
         }
     }
+    let after = snapshot(&local_client, &["default"]).await;
+    let (lost, touched) = (
+        before.followers_lost(&after, &before.followers()),
+        before.non_followers_touched(&after),
+    );
+    record(&Row {
+        id: "63-bad-flags-and-kubeconfigs",
+        scenario: "Bad flags, malformed or missing kubeconfig, missing context, local = remote",
+        done: "10 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, unparsable and missing kubeconfig, unknown context, same API server twice, no in-cluster config",
+        converge_s: None,
+        note: "each stops at start with a non-zero exit and one line starting with `error`, naming the flag, file or context".into(),
+        objects_lost: lost.len(),
+        non_followers_touched: touched.len(),
+    });
+    assert_nothing_else_changed(&lost, &touched);
 }
 
 #[tokio::test]
