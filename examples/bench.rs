@@ -413,7 +413,7 @@ async fn lag(
                 watcher::Config::default().labels(&sel)
             ));
             while let Some(Ok(ev)) = s.next().await {
-                if let Event::Apply(sl) = ev {
+                if let Event::Apply(sl) | Event::InitApply(sl) = ev {
                     let now = Instant::now();
                     for ep in &sl.endpoints {
                         for a in &ep.addresses {
