@@ -87,8 +87,8 @@ async fn follow<K, T>(
                     continue 'watch;
                 }
                 Some(Err(e)) => {
-                    // the cache keeps its last complete view: an unreachable API deletes nothing
-                    // with its causes: a TLS or DNS failure is named only there
+                    // recorded with its causes (a TLS or DNS failure is named only there); the
+                    // cache keeps its last complete view: an unreachable API deletes nothing
                     let why = crate::error::chain(&e);
                     write(cache(&holder)).failed(why.clone());
                     if !failing {
