@@ -1045,3 +1045,46 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
             .await;
     }
 }
+
+#[tokio::test]
+async fn a_slow_remote_link_delays_but_loses_and_deletes_nothing() {
+    let case = Case::new("fault-slow", REMOTE, LOCAL, &["a", "b", "c"]).await;
+    let proxy = Proxy::start(&upstream(REMOTE).await).await;
+    let d = through_remote_proxy(&case, &proxy, &FAST).await;
+    d.wait_synced().await;
+    eventually("first convergence", WAIT, || case.converged()).await;
+    let before = case.snapshot().await;
+
+    // every chunk either way waits 300 ms: slower than a healthy link, faster than the timeouts
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let t0 = Instant::now();
+    case.remote
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    case.remote
+        .create(&PostParams::default(), &leader("d", 80))
+        .await
+        .unwrap();
+    case.remote
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
+        )
+        .await
+        .unwrap();
+    eventually("convergence over the slow link", WAIT, || case.converged()).await;
+    let took = t0.elapsed();
+    let (code, body) = d.readyz().expect("readyz");
+    proxy.set(Fault::Pass);
+    assert_eq!(code, 200, "a slow link is not an outage: {body}");
+    case.finish(&before, RowArgs {
+        id: "14-remote-slow",
+        scenario: "Slow remote link",
+        done: "proxy delayed every chunk both ways by 300 ms; a leader deleted, one created, one changed",
+        converge: Some(took),
+        note: "converged through the slow link; /readyz stayed 200".into(),
+    })
+    .await;
+}

@@ -359,6 +359,16 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
         .create(&PostParams::default(), &leader("x"))
         .await
         .unwrap();
+    let local_other: Api<Service> = Api::namespaced(client(LOCAL).await, &other.name);
+    local_other
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": 7}]}})),
+        )
+        .await
+        .unwrap();
+    let local_client = client(LOCAL).await;
+    let before = snapshot(&local_client, &[&ns.name, &other.name]).await;
     let d = Daemon::start(&args_for(&ns.name)).await;
     d.wait_synced().await;
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
@@ -366,13 +376,30 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
         present(&local, "x")
     })
     .await;
-    let local_other: Api<Service> = Api::namespaced(client(LOCAL).await, &other.name);
-    assert!(
-        local_other.get_opt("x").await.unwrap().is_none(),
-        "nothing written outside the watched namespace"
-    );
     let f = local.get("x").await.unwrap();
     assert_eq!(f.namespace().as_deref(), Some(ns.name.as_str()));
+    // a sweep and a full pass later, the other namespace is exactly as it was
+    let after = snapshot(&local_client, &[&ns.name, &other.name]).await;
+    let alive = ["x".to_string()].into_iter().collect();
+    let (lost, touched) = (
+        before.followers_lost(&after, &alive),
+        before.non_followers_touched(&after),
+    );
+    record(&Row {
+        id: "73-security-scope",
+        scenario: "A remote leader cannot make us write outside its namespace or touch a non-follower",
+        done: "leaders named x in a watched and an unwatched namespace; a plain local Service x in the unwatched one",
+        converge_s: None,
+        note: "the follower is written only in the leader's own, watched namespace; the plain Service is unchanged".into(),
+        objects_lost: lost.len(),
+        non_followers_touched: touched.len(),
+    });
+    assert_nothing_else_changed(&lost, &touched);
+    assert_eq!(
+        local_other.get("x").await.unwrap().labels().get(KEY),
+        None,
+        "the local non-follower stays a non-follower"
+    );
 }
 
 #[tokio::test]
