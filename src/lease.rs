@@ -13,7 +13,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::error::Result;
 
@@ -134,6 +134,19 @@ impl Elector {
 }
 
 /// Runs the election until `shutdown`; the receiver says whether this replica may write.
+/// What to do about a Lease error that retrying will not cure.
+fn hint(e: &crate::error::Error, namespace: &str) -> Option<String> {
+    match e.api_code()? {
+        404 => Some(format!(
+            "the Lease namespace {namespace:?} does not exist: create it (the chart does) or set --namespace; no replica can lead until then"
+        )),
+        403 => Some(format!(
+            "not allowed to manage Leases in namespace {namespace:?}: grant get/create/update on coordination.k8s.io leases there (the chart's Role does); no replica can lead until then"
+        )),
+        _ => None,
+    }
+}
+
 pub fn spawn(
     client: Client,
     cfg: LeaseConfig,
@@ -149,6 +162,7 @@ pub fn spawn(
             observed: None,
         };
         let mut last_renew: Option<Instant> = None;
+        let mut told: Option<String> = None;
         let set = |leader: bool| {
             if *tx.borrow() != leader {
                 if leader {
@@ -174,7 +188,14 @@ pub fn spawn(
                     last_renew = None;
                     set(false);
                 }
-                Ok(Err(e)) => warn!(error = %e, category = e.category(), "lease round failed"),
+                Ok(Err(e)) => match hint(&e, &cfg.namespace) {
+                    // a cause the user must fix: said once, at error level, in plain words
+                    Some(h) if told.as_deref() != Some(h.as_str()) => {
+                        error!(error = %e, category = e.category(), "{h}");
+                        told = Some(h);
+                    }
+                    _ => warn!(error = %e, category = e.category(), "lease round failed"),
+                },
                 Err(_) => warn!("lease round timed out"),
             }
             if let Some(at) = last_renew

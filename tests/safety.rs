@@ -549,3 +549,36 @@ async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_
     assert!(matches!(err, cross_cluster_controller::Error::NotLeader));
     assert!(api.get_opt("x").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn a_missing_lease_namespace_is_named_once_and_nothing_is_written() {
+    let ns = namespace("safety-no-lease-ns").await;
+    let missing = format!("{}-missing", ns.name);
+    let mut args = args_for(&ns.name);
+    let i = args.iter().position(|a| a == "--namespace").unwrap();
+    args[i + 1] = missing.clone();
+    let d = Daemon::start(&args).await;
+    let hint = format!("the Lease namespace \"{missing}\" does not exist");
+    eventually("the one-line hint", WAIT, || async {
+        let logs = d.logs();
+        if logs.contains(&hint) {
+            Ok(logs)
+        } else {
+            Err(logs)
+        }
+    })
+    .await;
+    // a few more lease rounds: the hint is not repeated, and nobody leads or writes
+    eventually("more lease rounds", WAIT, || async {
+        let rounds = d.logs().matches("lease round failed").count();
+        if rounds >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{rounds}"))
+        }
+    })
+    .await;
+    assert_eq!(d.logs().matches(&hint).count(), 1, "{}", d.logs());
+    assert_eq!(d.gauge("xcc_leader", &[]), Some(0.0));
+    assert_eq!(d.metric("xcc_writes_total", &[]), 0.0);
+}
