@@ -491,7 +491,8 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         "a request was refused:\n{logs}"
     );
     assert!(d.metric("xcc_writes_total", &["verb=\"update\""]) >= 1.0);
-    assert!(d.metric("xcc_writes_total", &["verb=\"delete\""]) >= 1.0);
+    d.wait_metric("xcc_writes_total", &["verb=\"delete\""], 1.0)
+        .await;
     assert_eq!(
         west.get("shadow")
             .await

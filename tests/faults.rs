@@ -210,18 +210,6 @@ async fn wait_not_ready(d: &Daemon, what: &str) -> String {
     .await
 }
 
-async fn wait_metric_at_least(d: &Daemon, name: &str, filters: &[&str], n: f64) {
-    eventually(&format!("{name}{filters:?} >= {n}"), WAIT, || async {
-        let v = d.metric(name, filters);
-        if v >= n {
-            Ok(())
-        } else {
-            Err(format!("{v}\n{}", d.logs()))
-        }
-    })
-    .await;
-}
-
 async fn converge(case: &Case) -> Duration {
     let t0 = Instant::now();
     eventually("convergence", WAIT, || case.converged()).await;
@@ -277,13 +265,8 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
         )
         .await
         .unwrap();
-    wait_metric_at_least(
-        &d,
-        "xcc_sweeps_total",
-        &["outcome=\"aborted\""],
-        aborted + 3.0,
-    )
-    .await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 3.0)
+        .await;
     let body = wait_not_ready(&d, "/readyz 503 while the remote refuses").await;
     assert!(body.contains("not ready"), "{body}");
     for n in ["a", "b", "c", "d"] {
@@ -317,7 +300,8 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
         .unwrap();
     let before = case.snapshot().await;
     let d2 = through_remote_proxy(&case, &proxy, &FAST).await;
-    wait_metric_at_least(&d2, "xcc_sweeps_total", &["outcome=\"aborted\""], 2.0).await;
+    d2.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], 2.0)
+        .await;
     wait_not_ready(&d2, "/readyz 503 before the first listing").await;
     present(&case.local, "d")
         .await
@@ -361,13 +345,8 @@ async fn a_hanging_remote_is_detected_shown_on_readyz_and_deletes_nothing() {
         .await
         .unwrap();
     let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    wait_metric_at_least(
-        &d,
-        "xcc_sweeps_total",
-        &["outcome=\"aborted\""],
-        aborted + 2.0,
-    )
-    .await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
+        .await;
     present(&case.local, "b")
         .await
         .expect("nothing deleted while the remote hangs");
@@ -498,16 +477,8 @@ async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_w
     // exactly the writes the changes need: Service c created, a updated, b deleted (the relist
     // itself wrote nothing, nothing was written twice and nothing was missed)
     // (the counter moves just after the API answers, so wait for it)
-    let at_least = writes0 + 3.0;
-    eventually("the third write to be counted", WAIT, || async {
-        let n = service_writes();
-        if n >= at_least {
-            Ok(())
-        } else {
-            Err(format!("{n}"))
-        }
-    })
-    .await;
+    d.wait_metric("xcc_writes_total", &["kind=\"Service\""], writes0 + 3.0)
+        .await;
     let writes = service_writes() - writes0;
     assert_eq!(writes, 3.0, "one write per leader change:\n{}", d.logs());
     case.finish(&before, RowArgs {
@@ -998,13 +969,8 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
         .await
         .unwrap();
     let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    wait_metric_at_least(
-        &d,
-        "xcc_sweeps_total",
-        &["outcome=\"aborted\""],
-        aborted + 2.0,
-    )
-    .await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
+        .await;
     present(&case.local, "b")
         .await
         .expect("nothing deleted on a refused credential");

@@ -270,7 +270,8 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         }
     })
     .await;
-    assert!(d.metric("xcc_writes_total", &["verb=\"delete\""]) >= 2.0);
+    d.wait_metric("xcc_writes_total", &["verb=\"delete\""], 2.0)
+        .await;
 }
 
 #[tokio::test]

@@ -119,6 +119,24 @@ impl Daemon {
         metric_value(&self.metrics(), name, filters)
     }
 
+    /// Waits until a counter reaches `at_least` (the daemon counts a write just after the API
+    /// server answers it, so a test that saw the write's effect must still wait for the count).
+    pub async fn wait_metric(&self, name: &str, filters: &[&str], at_least: f64) -> f64 {
+        eventually(
+            &format!("{name}{filters:?} >= {at_least}"),
+            Duration::from_secs(60),
+            || async {
+                let v = self.metric(name, filters);
+                if v >= at_least {
+                    Ok(v)
+                } else {
+                    Err(format!("{v}\n{}", self.logs()))
+                }
+            },
+        )
+        .await
+    }
+
     /// The value of a gauge, None while the daemon does not publish it.
     pub fn gauge(&self, name: &str, filters: &[&str]) -> Option<f64> {
         gauge_value(&self.metrics(), name, filters)
