@@ -68,6 +68,10 @@ impl Proxy {
                 tokio::select! {
                     accepted = l.accept() => {
                         let Ok((down, _)) = accepted else { continue };
+                        if *mode_rx.borrow() == Fault::Refuse {
+                            // accepted in the instant the socket was being closed: refused too
+                            continue;
+                        }
                         let (mode_rx, cut_rx, upstream) = (mode_rx.clone(), cut_rx.clone(), upstream.clone());
                         tokio::spawn(async move {
                             let Ok(up) = TcpStream::connect(&upstream).await else { return };
