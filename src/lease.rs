@@ -133,7 +133,6 @@ impl Elector {
     }
 }
 
-/// Runs the election until `shutdown`; the receiver says whether this replica may write.
 /// What to do about a Lease error that retrying will not cure.
 fn hint(e: &crate::error::Error, namespace: &str) -> Option<String> {
     match e.api_code()? {
@@ -147,6 +146,7 @@ fn hint(e: &crate::error::Error, namespace: &str) -> Option<String> {
     }
 }
 
+/// Runs the election until `shutdown`; the receiver says whether this replica may write.
 pub fn spawn(
     client: Client,
     cfg: LeaseConfig,
