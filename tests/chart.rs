@@ -13,9 +13,9 @@ use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::daemon::{BIN, Daemon};
+use support::daemon::{BIN, Daemon, with_args};
 use support::{
-    LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present, repo_root,
+    LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, ports_are, present, repo_root,
 };
 
 const CHART: &str = "charts/cross-cluster-controller";
@@ -48,6 +48,24 @@ fn helm(kubeconfig: &Path) -> Command {
         .env("KUBECONFIG", kubeconfig)
         .env("HELM_CACHE_HOME", std::env::temp_dir().join("xcc-helm"));
     c
+}
+
+/// A daemon as the release installed in `ns` runs it (its Lease, its namespace), reading `remote`.
+fn release_args(ns: &str, release: &str, remote: &str) -> Vec<String> {
+    [
+        "--devmode",
+        "--namespace",
+        ns,
+        "--lease-name",
+        release,
+        "--watch-namespace",
+        ns,
+        "--cluster-name",
+        remote,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 #[tokio::test]
@@ -152,22 +170,10 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
         let local_kc = token_kubeconfig(local, &ns.name, &release, dir.path()).await;
         let remote_kc = dir.path().join(format!("{remote}-reader.kubeconfig"));
         remote_access(&kc, remote, &ns.name, &reader, &remote_kc);
-        let args: Vec<String> = [
-            "--devmode",
-            "--namespace",
-            &ns.name,
-            "--lease-name",
-            &release,
-            "--watch-namespace",
-            &ns.name,
-            "--cluster-name",
-            remote,
-            "--kubeconfig",
-            &remote_kc.to_string_lossy(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = with_args(
+            release_args(&ns.name, &release, remote),
+            &["--kubeconfig", &remote_kc.to_string_lossy()],
+        );
         let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
         daemons.push((local, d));
     }
@@ -402,24 +408,10 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     // deletes followers and records an Event (the remote here is read with the bed's admin)
     let dir = tempfile::tempdir().unwrap();
     let local_kc = token_kubeconfig(LOCAL, &ns.name, &release, dir.path()).await;
-    let args: Vec<String> = [
-        "--devmode",
-        "--namespace",
-        &ns.name,
-        "--lease-name",
-        &release,
-        "--watch-namespace",
-        &ns.name,
-        "--remote-context",
-        REMOTE,
-        "--cluster-name",
-        REMOTE,
-        "--lease-duration-seconds",
-        "6",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = with_args(
+        release_args(&ns.name, &release, REMOTE),
+        &["--remote-context", REMOTE, "--lease-duration-seconds", "6"],
+    );
     let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
     d.wait_synced().await;
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
@@ -437,6 +429,7 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     )
     .await
     .unwrap();
+    let before = support::fault::snapshot(&client(LOCAL).await, &[&ns.name]).await;
     east.create(&pp, &leader("web")).await.unwrap();
     east.create(&pp, &leader("shadow")).await.unwrap();
     eventually("the follower", WAIT, || present(&west, "web")).await;
@@ -447,20 +440,8 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     )
     .await
     .unwrap();
-    eventually("the follower updated", WAIT, || async {
-        let s = west.get("web").await.map_err(|e| e.to_string())?;
-        let ports: Vec<i32> = s
-            .spec
-            .and_then(|s| s.ports)
-            .unwrap_or_default()
-            .iter()
-            .map(|p| p.port)
-            .collect();
-        if ports == vec![81] {
-            Ok(())
-        } else {
-            Err(format!("{ports:?}"))
-        }
+    eventually("the follower updated", WAIT, || {
+        ports_are(&west, "web", &[81])
     })
     .await;
     let events: Api<k8s_openapi::api::events::v1::Event> =
@@ -503,19 +484,32 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     );
     drop(d);
 
-    support::fault::record(&support::fault::Row {
-        id: "72-security-rbac",
-        scenario: "The chart's two identities, as the API server grants them (kubectl auth can-i --list), against what the daemon sends",
-        done: "helm install; can-i --list for the writer ServiceAccount and cross-cluster-remote-reader; a daemon with only the writer's token created, updated and deleted a follower and recorded an Event",
-        converge_s: None,
-        note: format!(
-            "writer: {}; reader: {}; no Secrets for either; Lease only in the release namespace; the chart no longer grants patch on Services/Endpoints/EndpointSlices nor core Events (never used)",
-            show(&writer_has),
-            show(&reader_has)
-        ),
-        objects_lost: 0,
-        non_followers_touched: 0,
-    });
+    // what the daemon could have touched here: the Services (Endpoints of the chart's own
+    // metrics Service belong to kube-controller-manager, which may still be settling)
+    let after = support::fault::snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    let touched: Vec<String> = before
+        .non_followers_touched(&after)
+        .into_iter()
+        .filter(|o| o.starts_with("Service "))
+        .collect();
+    // the snapshot was taken before any follower existed here, so this counts followers that
+    // existed then and are gone now, whose leader still exists: none can be, by construction
+    let lost = before.followers_lost(&after, &BTreeSet::new());
+    support::fault::conclude(
+        support::fault::Report {
+            id: "72-security-rbac",
+            scenario: "The chart's two identities, as the API server grants them (kubectl auth can-i --list), against what the daemon sends",
+            done: "helm install; can-i --list for the writer ServiceAccount and cross-cluster-remote-reader; a daemon with only the writer's token created, updated and deleted a follower and recorded an Event",
+            converge: None,
+            note: format!(
+                "writer: {}; reader: {}; no Secrets for either; Lease only in the release namespace; the chart no longer grants patch on Services/Endpoints/EndpointSlices nor core Events (never used)",
+                show(&writer_has),
+                show(&reader_has)
+            ),
+        },
+        &lost,
+        &touched,
+    );
     run(helm(&kc).args([
         "uninstall",
         &release,

@@ -15,8 +15,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use support::daemon::{Daemon, args_for};
-use support::fault::{Row, assert_nothing_else_changed, record, secs, snapshot};
+use support::daemon::{Daemon, args_for, with_args, with_flag};
+use support::fault::{Report, conclude, snapshot};
 use support::{LOCAL, REMOTE, bed, client, eventually, namespace, namespace_in, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
@@ -239,20 +239,6 @@ impl Drop for LocalNamespace {
             let _ = api.delete(&name, &DeleteParams::background()).await;
         });
     }
-}
-
-/// Waits until the daemon has finished `n` more sweeps than `since`.
-async fn sweeps_after(d: &Daemon, outcome: &str, since: f64, n: f64) {
-    let filter = format!("outcome=\"{outcome}\"");
-    eventually(&format!("{n} more sweeps {outcome}"), WAIT, || async {
-        let now = d.metric("xcc_sweeps_total", &[&filter]);
-        if now >= since + n {
-            Ok(())
-        } else {
-            Err(format!("{now} sweeps {outcome}"))
-        }
-    })
-    .await
 }
 
 #[tokio::test]
@@ -526,7 +512,8 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     let mid = snapshot(&l, &[&ns.name]).await;
     let writes = d.metric("xcc_writes_total", &[]);
     let done = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
-    sweeps_after(&d, "done", done, 2.0).await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], done + 2.0)
+        .await;
     assert_eq!(
         d.metric("xcc_writes_total", &[]),
         writes,
@@ -567,19 +554,20 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         alive,
         "every valid leader has its follower"
     );
-    record(&Row {
-        id: "61-edge-objects",
-        scenario: "Remote objects at the edges of validity: 63-character name with labels at their limits, 100 named ports, one unnamed UDP port, FQDN and IPv6 EndpointSlices, 255 KiB of annotations, and a leader whose namespace is missing locally",
-        done: "7 leaders created at once in the remote cluster under a running daemon; then the missing namespace created locally",
-        converge_s: Some(secs(took)),
-        note: format!(
-            "6 mirrored (FQDN and IPv6 slices keep their address type; remote annotations are not copied, so 255 KiB cannot overflow ours); {skipped} skipped with reason NamespaceMissing (log line, Event on the Lease, xcc_skipped_total), mirrored {:.1} s after the namespace appeared; 0 writes over 2 further sweeps; LabelsInvalid and AnnotationsTooLarge cannot be reached from a valid remote object (labels are copied as the remote API server accepted them, plus ours)",
-            released.as_secs_f64()
-        ),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+    conclude(
+        Report {
+            id: "61-edge-objects",
+            scenario: "Remote objects at the edges of validity: 63-character name with labels at their limits, 100 named ports, one unnamed UDP port, FQDN and IPv6 EndpointSlices, 255 KiB of annotations, and a leader whose namespace is missing locally",
+            done: "7 leaders created at once in the remote cluster under a running daemon; then the missing namespace created locally",
+            converge: Some(took),
+            note: format!(
+                "6 mirrored (FQDN and IPv6 slices keep their address type; remote annotations are not copied, so 255 KiB cannot overflow ours); {skipped} skipped with reason NamespaceMissing (log line, Event on the Lease, xcc_skipped_total), mirrored {:.1} s after the namespace appeared; 0 writes over 2 further sweeps; LabelsInvalid and AnnotationsTooLarge cannot be reached from a valid remote object (labels are copied as the remote API server accepted them, plus ours)",
+                released.as_secs_f64()
+            ),
+        },
+        &lost,
+        &touched,
+    );
 }
 
 /// Objects this test makes in the shared `kube-system` namespaces, deleted when dropped (after
@@ -663,24 +651,11 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     let mine = local_svc.get(&shadowed).await.unwrap();
     let before = snapshot(&l, &["kube-system"]).await;
 
-    let args: Vec<String> = [
-        "--devmode",
-        "--local-context",
-        LOCAL,
-        "--remote-context",
-        REMOTE,
-        "--namespace",
-        &lease_ns.name,
-        "--watch-namespace",
-        "kube-system",
-        "--lease-duration-seconds",
-        "6",
-        "--sweep-schedule",
-        "*/2 * * * * *",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // the Lease in a namespace of its own; the mirrored namespace is kube-system
+    let args = with_args(
+        with_flag(args_for(&lease_ns.name), "--watch-namespace", "kube-system"),
+        &["--sweep-schedule", "*/2 * * * * *"],
+    );
     let d = Daemon::start(&args).await;
     d.wait_synced().await;
 
@@ -752,7 +727,8 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
 
     let mid = snapshot(&l, &["kube-system"]).await;
     let done = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
-    sweeps_after(&d, "done", done, 2.0).await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], done + 2.0)
+        .await;
     let after = snapshot(&l, &["kube-system"]).await;
 
     let now = local_svc.get(&shadowed).await.unwrap();
@@ -769,18 +745,19 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     let lost = mid.followers_lost(&after, &BTreeSet::from([mirrored_name.clone()]));
     let touched = before.non_followers_touched(&after);
     let conflicts = d.metric("xcc_conflicts_total", &[]);
-    record(&Row {
-        id: "62-edge-kube-system",
-        scenario: "A remote leader in kube-system, and a remote leader whose name equals a local non-follower Service in kube-system",
-        done: "a daemon with --watch-namespace kube-system (Lease in its own namespace); two leaders created in the remote kube-system, a plain local Service of the second one's name made first",
-        converge_s: Some(secs(took)),
-        note: format!(
-            "mirrored into the local kube-system like any other; the shadowed one: {conflicts} conflict(s) counted, NotOurFollower Event on the local Service, resourceVersion unchanged over 2 further sweeps"
-        ),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+    conclude(
+        Report {
+            id: "62-edge-kube-system",
+            scenario: "A remote leader in kube-system, and a remote leader whose name equals a local non-follower Service in kube-system",
+            done: "a daemon with --watch-namespace kube-system (Lease in its own namespace); two leaders created in the remote kube-system, a plain local Service of the second one's name made first",
+            converge: Some(took),
+            note: format!(
+                "mirrored into the local kube-system like any other; the shadowed one: {conflicts} conflict(s) counted, NotOurFollower Event on the local Service, resourceVersion unchanged over 2 further sweeps"
+            ),
+        },
+        &lost,
+        &touched,
+    );
 }
 
 /// A log line without its colour escapes.
@@ -887,7 +864,8 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
     })
     .await;
     let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    sweeps_after(&d, "aborted", aborted, 2.0).await;
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
+        .await;
 
     let logs = d.logs();
     let line = logs
@@ -919,21 +897,22 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
     assert!(after.followers().is_empty());
     let touched = before.non_followers_touched(&after);
     let reason = why.lines().next().unwrap_or_default().to_string();
-    record(&Row {
-        id: "70-security-tls",
-        scenario: "Remote kubeconfig whose CA is another cluster's (west's CA for east's server): TLS verification on by default",
-        done: "daemon started with that kubeconfig as its remote; a leader waiting in the remote namespace",
-        converge_s: None,
-        note: format!(
-            "refused in {:.1} s: /readyz 503 \"{}\"; log: {}; 0 writes, no follower, 2+ sweeps aborted",
-            detected.as_secs_f64(),
-            reason.chars().take(200).collect::<String>(),
-            line.chars().take(300).collect::<String>()
-        ),
-        objects_lost: 0,
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&[], &touched);
+    conclude(
+        Report {
+            id: "70-security-tls",
+            scenario: "Remote kubeconfig whose CA is another cluster's (west's CA for east's server): TLS verification on by default",
+            done: "daemon started with that kubeconfig as its remote; a leader waiting in the remote namespace",
+            converge: None,
+            note: format!(
+                "refused in {:.1} s: /readyz 503 \"{}\"; log: {}; 0 writes, no follower, 2+ sweeps aborted",
+                detected.as_secs_f64(),
+                reason.chars().take(200).collect::<String>(),
+                line.chars().take(300).collect::<String>()
+            ),
+        },
+        &[],
+        &touched,
+    );
 }
 
 /// The base64 body of a PEM block and its DER bytes in hex.
@@ -1078,17 +1057,18 @@ async fn at_trace_level_the_log_holds_no_part_of_the_client_certificate_or_key()
     let after = snapshot(&l, &[&ns.name]).await;
     let lost = mid.followers_lost(&after, &BTreeSet::from(["web".to_string()]));
     let touched = before.non_followers_touched(&after);
-    record(&Row {
-        id: "71-security-logs",
-        scenario: "RUST_LOG=trace with client-certificate credentials (the bed's admin kubeconfig): no part of the certificate or key in the log",
-        done: "full sync, one leader mirrored, then an endpoint change mirrored; the whole log searched",
-        converge_s: Some(secs(took)),
-        note: format!(
-            "{lines} log lines, {} pieces searched (40-character windows of the base64 data, of the PEM body lines and of the DER in hex, for both clusters' client certificate and key; and \"BEGIN\"): 0 found ({shared} windows shared with the servers' public certificates left out)",
-            pieces.len()
-        ),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+    conclude(
+        Report {
+            id: "71-security-logs",
+            scenario: "RUST_LOG=trace with client-certificate credentials (the bed's admin kubeconfig): no part of the certificate or key in the log",
+            done: "full sync, one leader mirrored, then an endpoint change mirrored; the whole log searched",
+            converge: Some(took),
+            note: format!(
+                "{lines} log lines, {} pieces searched (40-character windows of the base64 data, of the PEM body lines and of the DER in hex, for both clusters' client certificate and key; and \"BEGIN\"): 0 found ({shared} windows shared with the servers' public certificates left out)",
+                pieces.len()
+            ),
+        },
+        &lost,
+        &touched,
+    );
 }

@@ -17,10 +17,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::daemon::{Daemon, args_for};
-use support::fault::{
-    Row, Snapshot, assert_nothing_else_changed, record, routed_kubeconfig, secs, snapshot, upstream,
-};
+use support::daemon::{Daemon, args_for, with_args, with_flag};
+use support::fault::{Report, Snapshot, conclude_since, routed_kubeconfig, snapshot, upstream};
 use support::proxy::{Fault, Proxy};
 use support::{LOCAL, REMOTE, TestNs, bed, client, eventually, obj, present};
 
@@ -67,10 +65,7 @@ impl Case {
             dir: tempfile::tempdir().expect("tempdir"),
         };
         for n in leaders.iter().chain([&CLASH]) {
-            case.remote
-                .create(&PostParams::default(), &leader(n, 80))
-                .await
-                .expect("create leader");
+            case.add_leader(n).await;
         }
         let pp = PostParams::default();
         case.local
@@ -95,6 +90,35 @@ impl Case {
             .await
             .expect("configmap");
         case
+    }
+
+    /// Waits for the daemon's first sync and convergence; the snapshot every case compares with.
+    async fn settled(&self, d: &Daemon) -> Snapshot {
+        d.wait_synced().await;
+        eventually("first convergence", WAIT, || self.converged()).await;
+        self.snapshot().await
+    }
+
+    async fn add_leader(&self, name: &str) {
+        self.remote
+            .create(&PostParams::default(), &leader(name, 80))
+            .await
+            .expect("create leader");
+    }
+
+    async fn delete_leader(&self, name: &str) {
+        self.remote
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete leader");
+    }
+
+    async fn set_port(&self, name: &str, port: i32) {
+        let p = json!({"spec": {"ports": [{"name": "http", "port": port}]}});
+        self.remote
+            .patch(name, &PatchParams::default(), &Patch::Merge(p))
+            .await
+            .expect("change leader port");
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -153,41 +177,10 @@ impl Case {
     }
 
     /// Records the case's row and asserts nothing else changed since `before`.
-    async fn finish(&self, before: &Snapshot, row: RowArgs<'_>) {
+    async fn finish(&self, before: &Snapshot, report: Report<'_>) {
         let after = self.snapshot().await;
-        let lost = before.followers_lost(&after, &self.leaders().await);
-        let touched = before.non_followers_touched(&after);
-        record(&Row {
-            id: row.id,
-            scenario: row.scenario,
-            done: row.done,
-            converge_s: row.converge.map(secs),
-            note: row.note,
-            objects_lost: lost.len(),
-            non_followers_touched: touched.len(),
-        });
-        assert_nothing_else_changed(&lost, &touched);
+        conclude_since(report, before, &after, &self.leaders().await);
     }
-}
-
-struct RowArgs<'a> {
-    id: &'a str,
-    scenario: &'a str,
-    done: &'a str,
-    converge: Option<Duration>,
-    note: String,
-}
-
-/// The arguments with one flag's value replaced.
-fn on(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
-    let i = args.iter().position(|a| a == flag).expect("flag present");
-    args[i + 1] = value.to_string();
-    args
-}
-
-fn with(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
 }
 
 async fn wait_ready(d: &Daemon) {
@@ -210,6 +203,28 @@ async fn wait_not_ready(d: &Daemon, what: &str) -> String {
     .await
 }
 
+/// While the remote is out: `n` more sweeps abort, the `kept` followers stay, and no delete is
+/// sent.
+async fn deletes_nothing(d: &Daemon, case: &Case, n: f64, kept: &[&str]) {
+    let filter = ["outcome=\"aborted\""];
+    let aborted = d.metric("xcc_sweeps_total", &filter);
+    d.wait_metric("xcc_sweeps_total", &filter, aborted + n)
+        .await;
+    for name in kept {
+        present(&case.local, name)
+            .await
+            .expect("nothing deleted while the remote is unreachable");
+    }
+    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+}
+
+/// Time until convergence and a ready /readyz again.
+async fn recovered(case: &Case, d: &Daemon) -> Duration {
+    let took = converge(case).await;
+    wait_ready(d).await;
+    took
+}
+
 async fn converge(case: &Case) -> Duration {
     let t0 = Instant::now();
     eventually("convergence", WAIT, || case.converged()).await;
@@ -230,7 +245,7 @@ const FAST: [&str; 6] = [
 async fn through_remote_proxy(case: &Case, proxy: &Proxy, extra: &[&str]) -> Daemon {
     let kc = case.path("remote-proxied");
     routed_kubeconfig(&[(REMOTE, proxy.url())], &kc).await;
-    let args = with(
+    let args = with_args(
         args_for(&case.ns.name),
         &[&["--kubeconfig", kc.to_str().expect("path")], extra].concat(),
     );
@@ -242,43 +257,20 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
     let case = Case::new("fault-refused", REMOTE, LOCAL, &["a", "b", "c", "d"]).await;
     let proxy = Proxy::start(&upstream(REMOTE).await).await;
     let mut d = through_remote_proxy(&case, &proxy, &FAST).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let before = case.settled(&d).await;
 
     // steady state: the remote stops answering (connection refused) for several sweep intervals
     proxy.set(Fault::Refuse);
     let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    case.remote
-        .create(&PostParams::default(), &leader("e", 80))
-        .await
-        .unwrap();
-    case.remote
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
-        )
-        .await
-        .unwrap();
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 3.0)
-        .await;
+    case.delete_leader("b").await;
+    case.add_leader("e").await;
+    case.set_port("c", 81).await;
+    deletes_nothing(&d, &case, 3.0, &["a", "b", "c", "d"]).await;
     let body = wait_not_ready(&d, "/readyz 503 while the remote refuses").await;
     assert!(body.contains("not ready"), "{body}");
-    for n in ["a", "b", "c", "d"] {
-        present(&case.local, n)
-            .await
-            .expect("nothing deleted while the remote is unreachable");
-    }
-    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
     proxy.set(Fault::Pass);
-    let took = converge(&case).await;
-    wait_ready(&d).await;
-    case.finish(&before, RowArgs {
+    let took = recovered(&case, &d).await;
+    case.finish(&before, Report {
         id: "10-remote-refused-steady",
         scenario: "Remote API server unreachable (connection refused) in steady state, longer than a sweep interval",
         done: "proxy refused and cut every connection for 3+ sweep intervals (sweep every 1 s); meanwhile a leader was deleted, one created, one changed",
@@ -290,14 +282,8 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
     // a fresh daemon starting while the remote refuses: never a complete listing, never a delete
     d.kill();
     proxy.set(Fault::Refuse);
-    case.remote
-        .delete("d", &DeleteParams::default())
-        .await
-        .unwrap();
-    case.remote
-        .create(&PostParams::default(), &leader("f", 80))
-        .await
-        .unwrap();
+    case.delete_leader("d").await;
+    case.add_leader("f").await;
     let before = case.snapshot().await;
     let d2 = through_remote_proxy(&case, &proxy, &FAST).await;
     d2.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], 2.0)
@@ -312,9 +298,8 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
         "no write before the remote is listed"
     );
     proxy.set(Fault::Pass);
-    let took = converge(&case).await;
-    wait_ready(&d2).await;
-    case.finish(&before, RowArgs {
+    let took = recovered(&case, &d2).await;
+    case.finish(&before, Report {
         id: "11-remote-refused-initial-sync",
         scenario: "Remote API server unreachable while the daemon starts (initial sync)",
         done: "daemon started with the remote refusing; a leader deleted and one created meanwhile; then the remote came back",
@@ -340,22 +325,12 @@ async fn a_hanging_remote_is_detected_shown_on_readyz_and_deletes_nothing() {
     let body = wait_not_ready(&d, "/readyz to report the stalled remote").await;
     let detected = t0.elapsed();
     assert!(body.contains("remote east"), "{body}");
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
-        .await;
-    present(&case.local, "b")
-        .await
-        .expect("nothing deleted while the remote hangs");
-    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    case.delete_leader("b").await;
+    deletes_nothing(&d, &case, 2.0, &["b"]).await;
 
     proxy.set(Fault::Pass);
-    let took = converge(&case).await;
-    wait_ready(&d).await;
-    case.finish(&before, RowArgs {
+    let took = recovered(&case, &d).await;
+    case.finish(&before, Report {
         id: "12-remote-hanging",
         scenario: "Remote connection hanging (not refused): watches stall silently",
         done: "proxy held every byte both ways and accepted new connections without answering; --api-timeout-seconds 3",
@@ -403,48 +378,21 @@ fn compact(cluster: &str, bed_dir: &std::path::Path) -> i64 {
 async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_writes() {
     // a remote without the watch cache, so a resumed watch reads etcd and meets the compaction
     const NOCACHE: &str = "nocache";
-    tokio::task::spawn_blocking(|| {
-        // SAFETY of the env var: it only reaches the bed script run below
-        let out = std::process::Command::new("bash")
-            .arg(support::repo_root().join("testbed/bed"))
-            .args(["up", NOCACHE])
-            .env("XCC_TESTBED_APISERVER_ARGS", "--watch-cache=false")
-            .output()
-            .expect("bed up nocache");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    })
-    .await
-    .unwrap();
+    support::extra_cluster(NOCACHE, "--watch-cache=false").await;
     let case = Case::new("fault-410", NOCACHE, LOCAL, &["a", "b"]).await;
-    let args = with(
-        on(args_for(&case.ns.name), "--remote-context", NOCACHE),
+    let args = with_args(
+        with_flag(args_for(&case.ns.name), "--remote-context", NOCACHE),
         &FAST,
     );
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let before = case.settled(&d).await;
     let service_writes = || d.metric("xcc_writes_total", &["kind=\"Service\""]);
     let writes0 = service_writes();
 
     // labelled changes the watch sees; then unlabelled churn moves etcd on and etcd is compacted,
     // so the quiet leader watch's next resume (every 3 s) asks for a compacted revision: 410 Gone
-    case.remote
-        .create(&PostParams::default(), &leader("c", 80))
-        .await
-        .unwrap();
-    case.remote
-        .patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
-        )
-        .await
-        .unwrap();
+    case.add_leader("c").await;
+    case.set_port("a", 81).await;
     eventually("the labelled changes to land", WAIT, || case.converged()).await;
     let churn: Api<ConfigMap> = Api::namespaced(client(NOCACHE).await, &case.ns.name);
     for i in 0..20 {
@@ -468,10 +416,7 @@ async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_w
     })
     .await;
     // after the relist: one more change, seen once
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
+    case.delete_leader("b").await;
     let took = converge(&case).await + t0.elapsed();
     wait_ready(&d).await;
     // exactly the writes the changes need: Service c created, a updated, b deleted (the relist
@@ -481,7 +426,7 @@ async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_w
         .await;
     let writes = service_writes() - writes0;
     assert_eq!(writes, 3.0, "one write per leader change:\n{}", d.logs());
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "20-watch-expiry-410",
         scenario: "Watch expiry: 410 Gone after etcd compaction",
         done: &format!("etcd compacted at revision {rev} while the leader watch was quiet; its resume met 410 Gone"),
@@ -498,34 +443,19 @@ async fn local_api_down_then_back_queued_changes_land_and_the_leader_steps_down(
     let kc = case.path("local-proxied");
     routed_kubeconfig(&[(LOCAL, proxy.url())], &kc).await;
     let kc_arg = kc.to_str().expect("path").to_string();
-    let args = with(
+    let args = with_args(
         args_for(&case.ns.name),
         &[&["--kubeconfig", &kc_arg][..], &FAST].concat(),
     );
     let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &kc_arg)]).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let before = case.settled(&d).await;
 
     proxy.set(Fault::Refuse);
     for n in ["e", "f", "g"] {
-        case.remote
-            .create(&PostParams::default(), &leader(n, 80))
-            .await
-            .unwrap();
+        case.add_leader(n).await;
     }
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    case.remote
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
-        )
-        .await
-        .unwrap();
+    case.delete_leader("b").await;
+    case.set_port("c", 81).await;
     // the Lease cannot be renewed: the leader stops writing before another replica could start
     eventually("the leader to step down", WAIT, || async {
         match d.gauge("xcc_leader", &[]) {
@@ -535,9 +465,8 @@ async fn local_api_down_then_back_queued_changes_land_and_the_leader_steps_down(
     })
     .await;
     proxy.set(Fault::Pass);
-    let took = converge(&case).await;
-    wait_ready(&d).await;
-    case.finish(&before, RowArgs {
+    let took = recovered(&case, &d).await;
+    case.finish(&before, Report {
         id: "30-local-down",
         scenario: "Local API server unreachable, then back, with remote changes queued",
         done: "proxy refused the local API server while 3 leaders were created, 1 deleted, 1 changed remotely",
@@ -566,24 +495,11 @@ async fn refused_429(c: &Client) -> f64 {
 async fn local_throttling_429_backs_off_and_converges() {
     // a local API server that takes one write at a time and answers 429 beyond
     const THROTTLED: &str = "throttled";
-    tokio::task::spawn_blocking(|| {
-        let out = std::process::Command::new("bash")
-            .arg(support::repo_root().join("testbed/bed"))
-            .args(["up", THROTTLED])
-            .env(
-                "XCC_TESTBED_APISERVER_ARGS",
-                "--enable-priority-and-fairness=false --max-mutating-requests-inflight=1",
-            )
-            .output()
-            .expect("bed up throttled");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    })
-    .await
-    .unwrap();
+    support::extra_cluster(
+        THROTTLED,
+        "--enable-priority-and-fairness=false --max-mutating-requests-inflight=1",
+    )
+    .await;
     let names: Vec<String> = (0..300).map(|i| format!("s{i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let case = Case::new("fault-429", REMOTE, THROTTLED, &refs).await;
@@ -606,8 +522,8 @@ async fn local_throttling_429_backs_off_and_converges() {
     support::token_kubeconfig(THROTTLED, "throttled-writer", &token, &local_kc).await;
     let local_kc = local_kc.to_str().expect("path").to_string();
     let before = case.snapshot().await;
-    let args = with(
-        on(
+    let args = with_args(
+        with_flag(
             args_for(&case.ns.name),
             "--local-context",
             "throttled-writer",
@@ -625,7 +541,7 @@ async fn local_throttling_429_backs_off_and_converges() {
         "the API server never throttled the daemon:\n{}",
         d.logs()
     );
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "31-local-throttled",
         scenario: "Local throttling: 429 Too Many Requests",
         done: "local API server with --max-mutating-requests-inflight=1 (no priority and fairness); 300 leaders mirrored by 32 workers",
@@ -641,10 +557,8 @@ async fn local_throttling_429_backs_off_and_converges() {
 #[tokio::test]
 async fn write_conflicts_409_from_a_concurrent_editor_are_retried() {
     let case = Case::new("fault-409", REMOTE, LOCAL, &["a"]).await;
-    let d = Daemon::start(&with(args_for(&case.ns.name), &["--workers", "4"])).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let d = Daemon::start(&with_args(args_for(&case.ns.name), &["--workers", "4"])).await;
+    let before = case.settled(&d).await;
 
     // someone else keeps editing our follower while the remote keeps changing
     let stop = stop_flag();
@@ -672,14 +586,7 @@ async fn write_conflicts_409_from_a_concurrent_editor_are_retried() {
     let t_end = Instant::now() + WAIT;
     while conflicts() == 0 && Instant::now() < t_end {
         port += 1;
-        case.remote
-            .patch(
-                "a",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": port}]}})),
-            )
-            .await
-            .unwrap();
+        case.set_port("a", port).await;
         eventually("the change to land", WAIT, || case.converged()).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -689,7 +596,7 @@ async fn write_conflicts_409_from_a_concurrent_editor_are_retried() {
     let t0 = Instant::now();
     eventually("convergence", WAIT, || case.converged()).await;
     let took = t0.elapsed();
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "32-local-conflicts",
         scenario: "Write conflicts: 409 from a concurrent editor",
         done: &format!("another client patched our follower in a tight loop while the remote port changed {} times", port - 80),
@@ -736,7 +643,7 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     )
     .await;
     let before = case.snapshot().await;
-    let args = with(args_for(&case.ns.name), &["--workers", "32"]);
+    let args = with_args(args_for(&case.ns.name), &["--workers", "32"]);
     let mut d = Daemon::start(&args).await;
     eventually("the initial sync to be under way", WAIT, || async {
         let n = count_followers(&case.local).await;
@@ -776,7 +683,7 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     );
     case.finish(
         &before,
-        RowArgs {
+        Report {
             id: "40-sigkill-mid-sync",
             scenario: "Daemon killed (SIGKILL) mid initial sync, then restarted",
             done: &format!(
@@ -793,7 +700,7 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
 async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
     const N: usize = 1000;
     let case = Case::new("fault-burst", REMOTE, LOCAL, &[]).await;
-    let d = Daemon::start(&with(args_for(&case.ns.name), &["--workers", "32"])).await;
+    let d = Daemon::start(&with_args(args_for(&case.ns.name), &["--workers", "32"])).await;
     d.wait_synced().await;
     let before = case.snapshot().await;
     let slices: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &case.ns.name);
@@ -893,7 +800,7 @@ async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
         peak > 0.0 && peak < 256.0,
         "peak resident memory {peak:.1} MiB"
     );
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "50-burst",
         scenario: "A burst of 5,000 remote changes",
         done: &format!("{N} leaders and their slices created, then every slice changed 3 times: 5,000 changes in {:.1} s", burst.as_secs_f64()),
@@ -944,14 +851,12 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
         &format!("tokenFile: {}", token_file.display()),
     );
     std::fs::write(&kc, text).unwrap();
-    let args = with(
-        on(args_for(&case.ns.name), "--remote-context", "east-reader"),
+    let args = with_args(
+        with_flag(args_for(&case.ns.name), "--remote-context", "east-reader"),
         &[&["--kubeconfig", kc.to_str().expect("path")][..], &FAST].concat(),
     );
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let before = case.settled(&d).await;
 
     // revoked: the ServiceAccount behind the token is deleted, so the token no longer authenticates
     // (a watch already open keeps streaming: the refusal shows when it is renewed, within the
@@ -964,16 +869,8 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
         body.contains("Unauthorized") || body.contains("401"),
         "{body}"
     );
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
-        .await;
-    present(&case.local, "b")
-        .await
-        .expect("nothing deleted on a refused credential");
+    case.delete_leader("b").await;
+    deletes_nothing(&d, &case, 2.0, &["b"]).await;
 
     // replaced: a new token lands in the file; the client picks it up within its 60 s re-read
     std::fs::write(
@@ -994,7 +891,7 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
     )
     .await;
     let took = t0.elapsed();
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "60-remote-token-revoked",
         scenario: "Remote token revoked, then replaced",
         done: "the remote ServiceAccount behind the daemon's token deleted (401), then a leader deleted; then a new token written to the kubeconfig's tokenFile",
@@ -1017,35 +914,20 @@ async fn a_slow_remote_link_delays_but_loses_and_deletes_nothing() {
     let case = Case::new("fault-slow", REMOTE, LOCAL, &["a", "b", "c"]).await;
     let proxy = Proxy::start(&upstream(REMOTE).await).await;
     let d = through_remote_proxy(&case, &proxy, &FAST).await;
-    d.wait_synced().await;
-    eventually("first convergence", WAIT, || case.converged()).await;
-    let before = case.snapshot().await;
+    let before = case.settled(&d).await;
 
     // every chunk either way waits 300 ms: slower than a healthy link, faster than the timeouts
     proxy.set(Fault::Delay(Duration::from_millis(300)));
     let t0 = Instant::now();
-    case.remote
-        .delete("b", &DeleteParams::default())
-        .await
-        .unwrap();
-    case.remote
-        .create(&PostParams::default(), &leader("d", 80))
-        .await
-        .unwrap();
-    case.remote
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
-        )
-        .await
-        .unwrap();
+    case.delete_leader("b").await;
+    case.add_leader("d").await;
+    case.set_port("c", 81).await;
     eventually("convergence over the slow link", WAIT, || case.converged()).await;
     let took = t0.elapsed();
     let (code, body) = d.readyz().expect("readyz");
     proxy.set(Fault::Pass);
     assert_eq!(code, 200, "a slow link is not an outage: {body}");
-    case.finish(&before, RowArgs {
+    case.finish(&before, Report {
         id: "14-remote-slow",
         scenario: "Slow remote link",
         done: "proxy delayed every chunk both ways by 300 ms; a leader deleted, one created, one changed",

@@ -10,7 +10,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for};
-use support::{LOCAL, REMOTE, TestNs, absent, client, eventually, namespace, obj, present};
+use support::{
+    LOCAL, REMOTE, TestNs, absent, client, eventually, namespace, obj, ports_are, present,
+};
 
 const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
@@ -205,20 +207,8 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         })
         .await
         .unwrap();
-    eventually("the port change", WAIT, || async {
-        let s = e.local_svc.get("web").await.map_err(|x| x.to_string())?;
-        let ports: Vec<i32> = s
-            .spec
-            .and_then(|s| s.ports)
-            .unwrap_or_default()
-            .iter()
-            .map(|p| p.port)
-            .collect();
-        if ports == vec![81] {
-            Ok(())
-        } else {
-            Err(format!("{ports:?}"))
-        }
+    eventually("the port change", WAIT, || {
+        ports_are(&e.local_svc, "web", &[81])
     })
     .await;
     eventually("the endpoint churn", WAIT, || async {

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::daemon::{Daemon, args_for, run_to_exit};
-use support::fault::{Row, assert_nothing_else_changed, record, secs, snapshot};
+use support::daemon::{Daemon, args_for, run_to_exit, with_flag};
+use support::fault::{Report, conclude_since, snapshot};
 use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
@@ -46,9 +46,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
             .unwrap();
     }
 
-    let mut args = args_for(&ns.name);
-    let ctx = args.iter().position(|a| a == "--remote-context").unwrap();
-    args[ctx + 1] = NORTH.to_string();
+    let mut args = with_flag(args_for(&ns.name), "--remote-context", NORTH);
     args.extend(
         [
             "--sweep-schedule",
@@ -129,20 +127,15 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     let took = back.elapsed();
     let after = snapshot(&local_client, &[&ns.name]).await;
     let alive = ["a", "c"].iter().map(|s| s.to_string()).collect();
-    let (lost, touched) = (
-        before.followers_lost(&after, &alive),
-        before.non_followers_touched(&after),
-    );
-    record(&Row {
+    conclude_since(
+Report {
         id: "13-remote-killed",
         scenario: "Remote API server process killed (SIGKILL), in steady state and while a fresh daemon starts, then restarted",
         done: "testbed/bed kill north apiserver; 3+ sweeps (every 1 s) aborted; the daemon restarted while it was down; a leader deleted once it was back",
-        converge_s: Some(secs(took)),
+        converge: Some(took),
         note: "0 deletes while down; /readyz 503 with the reason, then 200; the deletion applied after a complete listing".into(),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+},
+&before, &after, &alive);
     let _ = north_ns.delete(&ns.name, &DeleteParams::background()).await;
 }
 
@@ -215,23 +208,21 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
     let took = killed.elapsed();
     let after = snapshot(&local_client, &[&ns.name]).await;
     let alive = ["x", "y"].iter().map(|s| s.to_string()).collect();
-    let (lost, touched) = (
-        before.followers_lost(&after, &alive),
-        before.non_followers_touched(&after),
+    conclude_since(
+        Report {
+            id: "41-leader-takeover",
+            scenario: "Leader killed (SIGKILL) with a second replica waiting",
+            done: "two replicas, 6 s Lease; the leader SIGKILLed; a new leader created remotely after the takeover",
+            converge: Some(took),
+            note: format!(
+                "takeover after {:.1} s (Lease 6 s); the standby wrote nothing while the other held the Lease",
+                takeover.as_secs_f64()
+            ),
+        },
+        &before,
+        &after,
+        &alive,
     );
-    record(&Row {
-        id: "41-leader-takeover",
-        scenario: "Leader killed (SIGKILL) with a second replica waiting",
-        done: "two replicas, 6 s Lease; the leader SIGKILLed; a new leader created remotely after the takeover",
-        converge_s: Some(secs(took)),
-        note: format!(
-            "takeover after {:.1} s (Lease 6 s); the standby wrote nothing while the other held the Lease",
-            takeover.as_secs_f64()
-        ),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
 
     // a clean stop releases the lease at once, and exits 0
     assert_eq!(two.terminate().await, Some(0));
@@ -328,20 +319,15 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
         }
     }
     let after = snapshot(&local_client, &["default"]).await;
-    let (lost, touched) = (
-        before.followers_lost(&after, &before.followers()),
-        before.non_followers_touched(&after),
-    );
-    record(&Row {
+    conclude_since(
+Report {
         id: "63-bad-flags-and-kubeconfigs",
         scenario: "Bad flags, malformed or missing kubeconfig, missing context, local = remote",
         done: "10 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, unparsable and missing kubeconfig, unknown context, same API server twice, no in-cluster config",
-        converge_s: None,
+        converge: None,
         note: "each stops at start with a non-zero exit and one line starting with `error`, naming the flag, file or context".into(),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+},
+&before, &after, &before.followers());
 }
 
 #[tokio::test]
@@ -381,20 +367,15 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     // a sweep and a full pass later, the other namespace is exactly as it was
     let after = snapshot(&local_client, &[&ns.name, &other.name]).await;
     let alive = ["x".to_string()].into_iter().collect();
-    let (lost, touched) = (
-        before.followers_lost(&after, &alive),
-        before.non_followers_touched(&after),
-    );
-    record(&Row {
+    conclude_since(
+Report {
         id: "73-security-scope",
         scenario: "A remote leader cannot make us write outside its namespace or touch a non-follower",
         done: "leaders named x in a watched and an unwatched namespace; a plain local Service x in the unwatched one",
-        converge_s: None,
+        converge: None,
         note: "the follower is written only in the leader's own, watched namespace; the plain Service is unchanged".into(),
-        objects_lost: lost.len(),
-        non_followers_touched: touched.len(),
-    });
-    assert_nothing_else_changed(&lost, &touched);
+},
+&before, &after, &alive);
     assert_eq!(
         local_other.get("x").await.unwrap().labels().get(KEY),
         None,
@@ -554,10 +535,7 @@ async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_
 async fn a_missing_lease_namespace_is_named_once_and_nothing_is_written() {
     let ns = namespace("safety-no-lease-ns").await;
     let missing = format!("{}-missing", ns.name);
-    let mut args = args_for(&ns.name);
-    let i = args.iter().position(|a| a == "--namespace").unwrap();
-    args[i + 1] = missing.clone();
-    let d = Daemon::start(&args).await;
+    let d = Daemon::start(&with_flag(args_for(&ns.name), "--namespace", &missing)).await;
     let hint = format!("the Lease namespace \"{missing}\" does not exist");
     eventually("the one-line hint", WAIT, || async {
         let logs = d.logs();

@@ -44,6 +44,22 @@ pub fn args_for(ns: &str) -> Vec<String> {
     .collect()
 }
 
+/// The arguments with one flag's value replaced (the flag must be there).
+pub fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let i = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} not in {args:?}"));
+    args[i + 1] = value.to_string();
+    args
+}
+
+/// The arguments with more appended.
+pub fn with_args(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 impl Daemon {
     /// Starts the binary with `args` plus `--admin-bind` (and the bed's `--kubeconfig` unless
     /// `args` name one); KUBECONFIG points at

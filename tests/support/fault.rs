@@ -3,7 +3,7 @@
 //! row of the reliability report per case (docs/reliability.md is generated from these rows by
 //! scripts/reliability-report, never typed by hand).
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
@@ -125,40 +125,50 @@ impl Snapshot {
     }
 }
 
-/// One row of the reliability report.
-#[derive(serde::Serialize)]
-pub struct Row<'a> {
+/// What a case did and measured: one row of the reliability report, without its two counts.
+pub struct Report<'a> {
     /// file name and sort key
     pub id: &'a str,
     pub scenario: &'a str,
     pub done: &'a str,
-    /// seconds from the end of the fault to convergence (None where the case measures something
-    /// else, e.g. detection)
-    pub converge_s: Option<f64>,
+    /// from the end of the fault to convergence (None where the case measures something else,
+    /// e.g. detection)
+    pub converge: Option<Duration>,
     /// a figure of its own, e.g. "detected in 7.1 s"
     pub note: String,
-    pub objects_lost: usize,
-    pub non_followers_touched: usize,
 }
 
-fn report_dir() -> PathBuf {
-    repo_root().join("target/reliability")
+#[derive(serde::Serialize)]
+struct Row<'a> {
+    id: &'a str,
+    scenario: &'a str,
+    done: &'a str,
+    converge_s: Option<f64>,
+    note: &'a str,
+    objects_lost: usize,
+    non_followers_touched: usize,
 }
 
-/// Records a row; the caller asserts the counts are zero after recording, so a failing case
-/// still leaves its figures behind.
-pub fn record(row: &Row) {
-    let dir = report_dir();
+/// Records the case's row with its two counts, then asserts both are zero: followers lost whose
+/// leader exists, and non-followers touched. Recorded first, so a failing case still leaves its
+/// figures behind.
+pub fn conclude(report: Report, lost: &[String], touched: &[String]) {
+    let row = Row {
+        id: report.id,
+        scenario: report.scenario,
+        done: report.done,
+        converge_s: report.converge.map(secs),
+        note: &report.note,
+        objects_lost: lost.len(),
+        non_followers_touched: touched.len(),
+    };
+    let dir = repo_root().join("target/reliability");
     std::fs::create_dir_all(&dir).expect("report dir");
     std::fs::write(
         dir.join(format!("{}.json", row.id)),
-        serde_json::to_string_pretty(row).expect("row json"),
+        serde_json::to_string_pretty(&row).expect("row json"),
     )
     .expect("write report row");
-}
-
-/// Asserts the two invariants every case ends with, after recording them.
-pub fn assert_nothing_else_changed(lost: &[String], touched: &[String]) {
     assert!(
         lost.is_empty(),
         "followers lost whose leader exists: {lost:?}"
@@ -166,7 +176,22 @@ pub fn assert_nothing_else_changed(lost: &[String], touched: &[String]) {
     assert!(touched.is_empty(), "non-followers touched: {touched:?}");
 }
 
+/// [`conclude`] with both counts taken between two snapshots of the same namespaces; `alive`
+/// names the leaders that still exist.
+pub fn conclude_since(
+    report: Report,
+    before: &Snapshot,
+    after: &Snapshot,
+    alive: &BTreeSet<String>,
+) {
+    conclude(
+        report,
+        &before.followers_lost(after, alive),
+        &before.non_followers_touched(after),
+    );
+}
+
 /// Seconds as a short figure.
-pub fn secs(d: Duration) -> f64 {
+fn secs(d: Duration) -> f64 {
     (d.as_secs_f64() * 100.0).round() / 100.0
 }

@@ -36,10 +36,28 @@ pub fn repo_root() -> &'static Path {
 /// Runs testbed/bed with the given arguments; panics with its own error text when it fails, so a
 /// control plane that cannot start fails the test with the reason instead of skipping it.
 pub fn bed_cmd(args: &[&str]) -> String {
+    bed_cmd_env(args, &[])
+}
+
+/// Brings up one extra cluster of the bed whose kube-apiserver gets `apiserver_args` (a cluster
+/// of its own, so its settings reach no other test); a no-op when it already runs.
+pub async fn extra_cluster(name: &'static str, apiserver_args: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        bed_cmd_env(
+            &["up", name],
+            &[("XCC_TESTBED_APISERVER_ARGS", apiserver_args)],
+        )
+    })
+    .await
+    .expect("bed task");
+}
+
+fn bed_cmd_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let script = repo_root().join("testbed/bed");
     let out = Command::new("bash")
         .arg(&script)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -208,6 +226,27 @@ where
     match api.get_opt(name).await.map_err(|e| e.to_string())? {
         None => Ok(()),
         Some(_) => Err(format!("{name} still exists")),
+    }
+}
+
+/// `Ok(())` once the Service's ports are `want`: for [`eventually`].
+pub async fn ports_are(
+    api: &Api<k8s_openapi::api::core::v1::Service>,
+    name: &str,
+    want: &[i32],
+) -> Result<(), String> {
+    let s = api.get(name).await.map_err(|e| e.to_string())?;
+    let ports: Vec<i32> = s
+        .spec
+        .and_then(|s| s.ports)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    if ports == want {
+        Ok(())
+    } else {
+        Err(format!("{ports:?}"))
     }
 }
 
