@@ -48,6 +48,7 @@ async fn follow<K, T>(
     K: Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
+        + serde::Serialize
         + std::fmt::Debug
         + Send
         + Sync
@@ -617,6 +618,7 @@ where
     K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + DeserializeOwned
+        + serde::Serialize
         + std::fmt::Debug
         + Send
         + Sync

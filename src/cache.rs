@@ -4,44 +4,88 @@
 //! A re-list (watch restart) is buffered and swapped in only when complete, so a cache never
 //! shows a partial listing: an object is absent only after a delete event or a complete listing
 //! that lacks it (the proof the deletion invariant needs).
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kube::Resource;
 use kube::runtime::watcher::Event;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// (namespace, service name)
 pub type GroupKey = (String, String);
 
-type Groups<K> = HashMap<GroupKey, BTreeMap<String, Arc<K>>>;
-
-/// Objects by group, with an index from (namespace, name) to the group each object is in, so an
-/// update or delete finds its object in constant time at any cache size.
-struct Store<K> {
-    groups: Groups<K>,
-    located: HashMap<(String, String), String>,
+/// A cached object read back, with what went wrong if it could not be.
+#[derive(Debug, thiserror::Error)]
+#[error("cached object {namespace}/{name} cannot be read back: {source}")]
+pub struct CacheError {
+    namespace: String,
+    name: String,
+    source: serde_json::Error,
 }
 
-impl<K: Resource> Store<K> {
+/// One cached object, held as its JSON (without managedFields, which nothing here reads and
+/// which are often the largest part of an object) and its resourceVersion. A k8s-openapi object
+/// in memory takes five to ten times its JSON size (every optional field is inline, every map a
+/// B-tree node): at 10,000 mirrored Services the caches were most of the daemon's memory. A
+/// reconcile decodes the few objects of its own key, microseconds each.
+struct Entry {
+    name: Box<str>,
+    version: Option<Box<str>>,
+    json: Box<[u8]>,
+}
+
+/// The members of one group, in name order (a Service group has one; a slice group a few).
+type Members = Vec<Entry>;
+
+/// Objects by group, with an index from (namespace, name) to the group of every object whose
+/// group is not its own name (slices), so an update or delete finds its object in constant time
+/// at any cache size; an object grouped under its own name (Services) needs no index entry.
+struct Store {
+    groups: HashMap<GroupKey, Members>,
+    located: HashMap<(String, String), String>,
+    /// objects held
+    count: usize,
+}
+
+impl Store {
     fn new() -> Self {
         Self {
             groups: HashMap::new(),
             located: HashMap::new(),
+            count: 0,
         }
     }
 
-    /// Stores the object (without its managedFields, which nothing here reads and which are
-    /// often the largest part of an object); returns the groups whose content changed: the
-    /// object's group and, if it moved (a slice relabelled to another service), its old one.
-    fn insert(&mut self, group_of: fn(&K) -> Option<String>, mut obj: K) -> Vec<GroupKey> {
+    /// The group an object is held in, if it is held.
+    fn locate(&self, ns: &str, name: &str) -> Option<String> {
+        if let Some(g) = self.located.get(&(ns.to_string(), name.to_string())) {
+            return Some(g.clone());
+        }
+        let own = (ns.to_string(), name.to_string());
+        let held = self
+            .groups
+            .get(&own)
+            .is_some_and(|m| m.iter().any(|e| &*e.name == name));
+        held.then(|| name.to_string())
+    }
+
+    /// Stores the object; returns the groups whose content changed: the object's group and, if
+    /// it moved (a slice relabelled to another service), its old one.
+    fn insert<K: Resource + Serialize>(
+        &mut self,
+        group_of: fn(&K) -> Option<String>,
+        mut obj: K,
+    ) -> Vec<GroupKey> {
         let Some((ns, name)) = ids(&obj) else {
             return Vec::new();
         };
         let new_group = group_of(&obj);
         let mut touched = Vec::new();
-        if let Some(old) = self.located.get(&(ns.clone(), name.clone()))
-            && Some(old) != new_group.as_ref()
+        if let Some(old) = self.locate(&ns, &name)
+            && Some(&old) != new_group.as_ref()
         {
             touched.extend(self.remove(&ns, &name));
         }
@@ -49,24 +93,44 @@ impl<K: Resource> Store<K> {
             return touched;
         };
         obj.meta_mut().managed_fields = None;
+        // a k8s-openapi object always serializes; one that did not would be left out, and a
+        // missing object only ever waits for the next event or listing (never a deletion: the
+        // reconcile acts on absence only after a complete listing, which this one is part of)
+        let Ok(json) = serde_json::to_vec(&obj) else {
+            return touched;
+        };
+        let entry = Entry {
+            name: name.as_str().into(),
+            version: obj.meta().resource_version.as_deref().map(Into::into),
+            json: json.into_boxed_slice(),
+        };
         let key = (ns.clone(), group.clone());
-        self.groups
-            .entry(key.clone())
-            .or_default()
-            .insert(name.clone(), Arc::new(obj));
-        self.located.insert((ns, name), group);
+        let members = self.groups.entry(key.clone()).or_default();
+        match members.binary_search_by(|e| (*e.name).cmp(name.as_str())) {
+            Ok(i) => members[i] = entry,
+            Err(i) => {
+                members.insert(i, entry);
+                self.count += 1;
+            }
+        }
+        if group != name {
+            self.located.insert((ns, name), group);
+        }
         touched.push(key);
         touched
     }
 
     /// Removes the object wherever it is; returns its group if it was held.
     fn remove(&mut self, ns: &str, name: &str) -> Vec<GroupKey> {
-        let Some(group) = self.located.remove(&(ns.to_string(), name.to_string())) else {
+        let Some(group) = self.locate(ns, name) else {
             return Vec::new();
         };
+        self.located.remove(&(ns.to_string(), name.to_string()));
         let key = (ns.to_string(), group);
         if let Some(members) = self.groups.get_mut(&key) {
-            members.remove(name);
+            let before = members.len();
+            members.retain(|e| &*e.name != name);
+            self.count -= before - members.len();
             if members.is_empty() {
                 self.groups.remove(&key);
             }
@@ -76,14 +140,15 @@ impl<K: Resource> Store<K> {
 }
 
 pub struct Cache<K> {
-    store: Store<K>,
-    relist: Option<Store<K>>,
+    store: Store,
+    relist: Option<Store>,
     ready: bool,
     group_of: fn(&K) -> Option<String>,
     /// when the last complete listing was applied
     last_list: Option<Instant>,
     /// the watch's current failure, cleared by the next complete listing
     error: Option<String>,
+    kind: PhantomData<fn() -> K>,
 }
 
 /// The group of a Service or Endpoints: its own name.
@@ -113,6 +178,7 @@ impl<K: Resource> Cache<K> {
             group_of,
             last_list: None,
             error: None,
+            kind: PhantomData,
         }
     }
 
@@ -121,6 +187,37 @@ impl<K: Resource> Cache<K> {
         self.ready
     }
 
+    /// Records that the watch is failing (the cached view stays as it was).
+    pub fn failed(&mut self, error: String) {
+        self.error = Some(error);
+    }
+
+    /// The watch's current failure, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// When the last complete listing was applied.
+    pub fn last_list(&self) -> Option<Instant> {
+        self.last_list
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &GroupKey> {
+        self.store.groups.keys()
+    }
+
+    /// Number of objects held.
+    pub fn len(&self) -> usize {
+        self.store.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.store.count == 0
+    }
+}
+
+/// Reading and writing objects: they are held as JSON.
+impl<K: Resource + Serialize + DeserializeOwned> Cache<K> {
     /// Applies one watch event; returns the groups whose content changed.
     pub fn apply(&mut self, event: Event<K>) -> Vec<GroupKey> {
         match event {
@@ -152,53 +249,45 @@ impl<K: Resource> Cache<K> {
         }
     }
 
-    /// Records that the watch is failing (the cached view stays as it was).
-    pub fn failed(&mut self, error: String) {
-        self.error = Some(error);
-    }
-
-    /// The watch's current failure, if any.
-    pub fn error(&self) -> Option<&str> {
-        self.error.as_deref()
-    }
-
-    /// When the last complete listing was applied.
-    pub fn last_list(&self) -> Option<Instant> {
-        self.last_list
-    }
-
     /// Every object of a group (the slices of one service), in name order.
-    pub fn group(&self, key: &GroupKey) -> Vec<Arc<K>> {
+    pub fn group(&self, key: &GroupKey) -> Result<Vec<Arc<K>>, CacheError> {
         self.store
             .groups
             .get(key)
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
+            .map(|m| m.iter().map(|e| decode(&key.0, e)).collect())
+            .unwrap_or_else(|| Ok(Vec::new()))
     }
 
     /// The object of a group named like the group (the Service or Endpoints itself).
-    pub fn named(&self, key: &GroupKey) -> Option<Arc<K>> {
-        self.store.groups.get(key)?.get(&key.1).cloned()
-    }
-
-    pub fn keys(&self) -> impl Iterator<Item = &GroupKey> {
-        self.store.groups.keys()
-    }
-
-    /// Number of objects held.
-    pub fn len(&self) -> usize {
-        self.store.located.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.store.located.is_empty()
+    pub fn named(&self, key: &GroupKey) -> Result<Option<Arc<K>>, CacheError> {
+        let Some(members) = self.store.groups.get(key) else {
+            return Ok(None);
+        };
+        members
+            .iter()
+            .find(|e| *e.name == *key.1)
+            .map(|e| decode(&key.0, e))
+            .transpose()
     }
 }
 
-fn changed_groups<K: Resource>(old: &Groups<K>, new: &Groups<K>) -> Vec<GroupKey> {
-    let versions = |m: &BTreeMap<String, Arc<K>>| -> Vec<(String, Option<String>)> {
+fn decode<K: DeserializeOwned>(namespace: &str, e: &Entry) -> Result<Arc<K>, CacheError> {
+    serde_json::from_slice(&e.json)
+        .map(Arc::new)
+        .map_err(|source| CacheError {
+            namespace: namespace.to_string(),
+            name: e.name.to_string(),
+            source,
+        })
+}
+
+fn changed_groups(
+    old: &HashMap<GroupKey, Members>,
+    new: &HashMap<GroupKey, Members>,
+) -> Vec<GroupKey> {
+    let versions = |m: &Members| -> Vec<(Box<str>, Option<Box<str>>)> {
         m.iter()
-            .map(|(n, o)| (n.clone(), o.meta().resource_version.clone()))
+            .map(|e| (e.name.clone(), e.version.clone()))
             .collect()
     };
     let all: HashSet<&GroupKey> = old.keys().chain(new.keys()).collect();
@@ -241,7 +330,7 @@ mod tests {
         let mut s = slice("a", "x-1", "x", "1");
         s.metadata.managed_fields = Some(vec![Default::default()]);
         c.apply(Event::Apply(s));
-        let held = c.group(&key("a", "x"));
+        let held = c.group(&key("a", "x")).unwrap();
         assert_eq!(held.len(), 1);
         assert!(held[0].metadata.managed_fields.is_none());
         // a delete event whose object lost its label still removes it from its group
@@ -259,13 +348,13 @@ mod tests {
         c.apply(Event::InitApply(svc("a", "x", "1")));
         assert!(!c.ready());
         assert!(
-            c.named(&key("a", "x")).is_none(),
+            c.named(&key("a", "x")).unwrap().is_none(),
             "a partial listing is not visible"
         );
         let touched = c.apply(Event::InitDone);
         assert!(c.ready());
         assert_eq!(touched, vec![key("a", "x")]);
-        assert!(c.named(&key("a", "x")).is_some());
+        assert!(c.named(&key("a", "x")).unwrap().is_some());
     }
 
     #[test]
@@ -283,7 +372,7 @@ mod tests {
         c.apply(Event::InitApply(svc("a", "x", "1")));
         // the remote is cut here: the relist never completes
         assert!(
-            c.named(&key("a", "y")).is_some(),
+            c.named(&key("a", "y")).unwrap().is_some(),
             "an incomplete relist hides nothing"
         );
         c.apply(Event::Init);
@@ -295,7 +384,7 @@ mod tests {
             vec![key("a", "x"), key("a", "y")],
             "x changed, y is gone"
         );
-        assert!(c.named(&key("a", "y")).is_none());
+        assert!(c.named(&key("a", "y")).unwrap().is_none());
     }
 
     #[test]
@@ -309,15 +398,15 @@ mod tests {
         );
         c.apply(Event::Apply(slice("a", "web-2", "web", "1")));
         c.apply(Event::Apply(slice("b", "web-1", "web", "1")));
-        assert_eq!(c.group(&key("a", "web")).len(), 2);
+        assert_eq!(c.group(&key("a", "web")).unwrap().len(), 2);
         assert_eq!(c.len(), 3);
         assert_eq!(
             c.apply(Event::Delete(slice("a", "web-1", "web", "2"))),
             vec![key("a", "web")]
         );
-        assert_eq!(c.group(&key("a", "web")).len(), 1);
+        assert_eq!(c.group(&key("a", "web")).unwrap().len(), 1);
         c.apply(Event::Delete(slice("a", "web-2", "web", "2")));
-        assert!(c.group(&key("a", "web")).is_empty());
+        assert!(c.group(&key("a", "web")).unwrap().is_empty());
         assert_eq!(c.keys().count(), 1, "empty groups are dropped");
     }
 
@@ -328,6 +417,59 @@ mod tests {
         let mut touched = c.apply(Event::Apply(slice("a", "s", "two", "2")));
         touched.sort();
         assert_eq!(touched, vec![key("a", "one"), key("a", "two")]);
-        assert!(c.group(&key("a", "one")).is_empty());
+        assert!(c.group(&key("a", "one")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn objects_read_back_as_stored_and_services_need_no_index() {
+        let mut c = Cache::new(by_name::<Service>);
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"namespace": "a", "name": "web", "resourceVersion": "7",
+                         "labels": {"app": "web"}, "annotations": {"note": "x"}},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+                     "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 30}}}
+        }))
+        .unwrap();
+        c.apply(Event::Apply(s.clone()));
+        assert_eq!(*c.named(&key("a", "web")).unwrap().unwrap(), s);
+        assert!(
+            c.store.located.is_empty(),
+            "a Service is found by its own name"
+        );
+        assert_eq!(c.apply(Event::Delete(s)), vec![key("a", "web")]);
+        assert!(c.named(&key("a", "web")).unwrap().is_none());
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_group_lists_its_members_in_name_order_and_counts_each_once() {
+        let mut c = Cache::new(by_service_label::<EndpointSlice>);
+        for n in ["web-c", "web-a", "web-b", "web-a"] {
+            c.apply(Event::Apply(slice("a", n, "web", "1")));
+        }
+        let names: Vec<String> = c
+            .group(&key("a", "web"))
+            .unwrap()
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["web-a", "web-b", "web-c"]);
+        assert_eq!(c.len(), 3);
+        // a slice named like its service is still found once it moves away
+        c.apply(Event::Apply(slice("a", "web", "web", "1")));
+        c.apply(Event::Apply(slice("a", "web", "other", "2")));
+        assert_eq!(c.group(&key("a", "web")).unwrap().len(), 3);
+        assert_eq!(c.group(&key("a", "other")).unwrap().len(), 1);
+        assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn an_unreadable_entry_is_an_error_not_an_absence() {
+        let mut c = Cache::new(by_name::<Service>);
+        c.apply(Event::Apply(svc("a", "x", "1")));
+        if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
+            m[0].json = b"{not json".to_vec().into_boxed_slice();
+        }
+        assert!(c.named(&key("a", "x")).is_err());
     }
 }

@@ -16,6 +16,8 @@ pub enum Error {
     Admin(#[from] std::io::Error),
     #[error("scheduler: {0}")]
     Scheduler(String),
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -30,6 +32,7 @@ impl Error {
             Error::NotLeader => "not_leader",
             Error::Admin(_) => "admin",
             Error::Scheduler(_) => "scheduler",
+            Error::Cache(_) => "cache",
         }
     }
 

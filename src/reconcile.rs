@@ -258,14 +258,16 @@ struct Snapshot {
 }
 
 impl Ctx {
-    fn snapshot(&self, remote: &RemoteState, g: &GroupKey) -> Snapshot {
-        Snapshot {
-            leader: read(&remote.services).named(g),
-            remote_slices: read(&remote.slices).group(g),
-            service: read(&self.local.services).named(g),
-            slices: read(&self.local.slices).group(g),
-            endpoints: read(&self.local.endpoints).named(g),
-        }
+    /// A cached object that cannot be read back fails the pass (retried, nothing deleted): an
+    /// unreadable leader must never look like a missing one.
+    fn snapshot(&self, remote: &RemoteState, g: &GroupKey) -> Result<Snapshot> {
+        Ok(Snapshot {
+            leader: read(&remote.services).named(g)?,
+            remote_slices: read(&remote.slices).group(g)?,
+            service: read(&self.local.services).named(g)?,
+            slices: read(&self.local.slices).group(g)?,
+            endpoints: read(&self.local.endpoints).named(g)?,
+        })
     }
 
     /// Writes go through the writer; what the API server returned goes into the local cache at
@@ -393,7 +395,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::Unchanged);
     }
     let g = key.group();
-    let snap = ctx.snapshot(remote, &g);
+    let snap = ctx.snapshot(remote, &g)?;
     let opts = &remote.opts;
     let outcome = match &snap.leader {
         None => remove_follower(ctx, key, opts, &snap).await?,

@@ -71,8 +71,15 @@ pub fn init() -> Telemetry {
             )
             .init();
     } else {
+        // colours only on a terminal: `kubectl logs` and log files get plain text
+        use std::io::IsTerminal;
+        let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         registry
-            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(ansi),
+            )
             .init();
     }
     Telemetry {

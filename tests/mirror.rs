@@ -722,7 +722,13 @@ async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_swept(
         "{}",
         d.metrics()
     );
-    assert!(d.logs().contains("sweep done"));
+    let logs = d.logs();
+    assert!(logs.contains("sweep done"));
+    // written to a file (as `kubectl logs` reads them), plain lines carry no colour codes
+    assert!(
+        !logs.contains('\x1b'),
+        "ANSI escape codes in a log file:\n{logs}"
+    );
 }
 
 #[tokio::test]
