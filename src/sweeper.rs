@@ -8,22 +8,24 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ListParams;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::api::{ListParams, ObjectMeta};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::cache::{GroupKey, by_service_label};
-use crate::desired::{Options, Ownership, endpoints_ownership, service_ownership, slice_ownership};
+use crate::cache::GroupKey;
+use crate::desired::{Options, Ownership, meta_ownership, slice_meta_ownership};
 use crate::error::{Error, Result};
 use crate::metrics::labels;
 use crate::reconcile::Ctx;
 
 const PAGE: u32 = 500;
 
-/// Lists every object matching the selector, page by page; an error or a page slower than
-/// `timeout` fails the whole listing.
-pub async fn list_all<K>(api: &Api<K>, selector: &str, timeout: Duration) -> Result<Vec<K>>
+/// Lists the metadata of every object matching the selector, page by page; an error or a page
+/// slower than `timeout` fails the whole listing. Metadata is all a sweep reads (names,
+/// ownership labels and annotations, uids): a metadata-only listing leaves the endpoints of
+/// thousands of slices on the server instead of in our memory.
+pub async fn list_all<K>(api: &Api<K>, selector: &str, timeout: Duration) -> Result<Vec<ObjectMeta>>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -34,7 +36,7 @@ where
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
-        let page = tokio::time::timeout(timeout, api.list(&lp))
+        let page = tokio::time::timeout(timeout, api.list_metadata(&lp))
             .await
             .map_err(|_| {
                 Error::Timeout(format!(
@@ -43,7 +45,7 @@ where
                 ))
             })??;
         token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-        out.extend(page.items);
+        out.extend(page.items.into_iter().map(|o| o.metadata));
         if token.is_none() {
             return Ok(out);
         }
@@ -59,32 +61,38 @@ pub struct Orphan {
     pub uid: String,
 }
 
-fn group_of<K: Resource>(o: &K, by_label: bool) -> Option<GroupKey> {
-    let ns = o.meta().namespace.clone()?;
+/// The key an object belongs to: a slice's Service (its `kubernetes.io/service-name` label),
+/// otherwise the object's own name.
+fn group_of(m: &ObjectMeta, by_label: bool) -> Option<GroupKey> {
+    let ns = m.namespace.clone()?;
     let g = if by_label {
-        by_service_label(o)?
+        m.labels
+            .as_ref()?
+            .get("kubernetes.io/service-name")?
+            .clone()
     } else {
-        o.meta().name.clone()?
+        m.name.clone()?
     };
     Some((ns, g))
 }
 
-fn orphan<K: Resource<DynamicType = ()>>(o: &K, kind: &'static str) -> Option<Orphan> {
+fn orphan(m: &ObjectMeta, kind: &'static str) -> Option<Orphan> {
     Some(Orphan {
         kind,
-        namespace: o.meta().namespace.clone()?,
-        name: o.meta().name.clone()?,
-        uid: o.meta().uid.clone()?,
+        namespace: m.namespace.clone()?,
+        name: m.name.clone()?,
+        uid: m.uid.clone()?,
     })
 }
 
-/// Pure: which of our local followers have no leader in the complete remote listing. Objects
-/// that are not ours, or in a namespace this remote is not watched in, are never candidates.
+/// Pure: which of our local followers (their metadata) have no leader in the complete remote
+/// listing. Objects that are not ours, or in a namespace this remote is not watched in, are
+/// never candidates.
 pub fn orphans(
     leaders: &HashSet<GroupKey>,
-    services: &[Service],
-    slices: &[EndpointSlice],
-    endpoints: &[Endpoints],
+    services: &[ObjectMeta],
+    slices: &[ObjectMeta],
+    endpoints: &[ObjectMeta],
     opts: &Options,
     namespaces: &[String],
 ) -> Vec<Orphan> {
@@ -95,20 +103,20 @@ pub fn orphans(
     out.extend(
         slices
             .iter()
-            .filter(|s| ours(slice_ownership(s, opts)) && gone(group_of(*s, true)))
-            .filter_map(|s| orphan(s, "EndpointSlice")),
+            .filter(|m| ours(slice_meta_ownership(m, opts)) && gone(group_of(m, true)))
+            .filter_map(|m| orphan(m, "EndpointSlice")),
     );
     out.extend(
         endpoints
             .iter()
-            .filter(|e| ours(endpoints_ownership(e, opts)) && gone(group_of(*e, false)))
-            .filter_map(|e| orphan(e, "Endpoints")),
+            .filter(|m| ours(meta_ownership(m, opts)) && gone(group_of(m, false)))
+            .filter_map(|m| orphan(m, "Endpoints")),
     );
     out.extend(
         services
             .iter()
-            .filter(|s| ours(service_ownership(s, opts)) && gone(group_of(*s, false)))
-            .filter_map(|s| orphan(s, "Service")),
+            .filter(|m| ours(meta_ownership(m, opts)) && gone(group_of(m, false)))
+            .filter_map(|m| orphan(m, "Service")),
     );
     out
 }
@@ -158,8 +166,10 @@ pub async fn sweep(
     let leader_sel = opts.leader_selector();
     let mut leaders = HashSet::new();
     for ns in scopes(namespaces) {
-        for s in list_all(&scoped::<Service>(remote, ns), &leader_sel, timeout).await? {
-            leaders.insert((s.namespace().unwrap_or_default(), s.name_any()));
+        for m in list_all(&scoped::<Service>(remote, ns), &leader_sel, timeout).await? {
+            if let Some(key) = group_of(&m, false) {
+                leaders.insert(key);
+            }
         }
     }
 
@@ -279,6 +289,10 @@ mod tests {
         .unwrap()
     }
 
+    fn metas<K: Resource>(objs: Vec<K>) -> Vec<ObjectMeta> {
+        objs.iter().map(|o| o.meta().clone()).collect()
+    }
+
     fn leaders(keys: &[(&str, &str)]) -> HashSet<GroupKey> {
         keys.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -316,8 +330,8 @@ mod tests {
         ];
         let mut got = orphans(
             &leaders(&[("a", "kept")]),
-            &services,
-            &slices,
+            &metas(services),
+            &metas(slices),
             &[],
             &opts(),
             &[],
@@ -344,7 +358,7 @@ mod tests {
         assert!(
             orphans(
                 &leaders(&[("a", "x"), ("b", "y")]),
-                &services,
+                &metas(services),
                 &[],
                 &[],
                 &opts(),
@@ -359,7 +373,7 @@ mod tests {
         let services = vec![follower("watched", "x"), follower("elsewhere", "y")];
         let got = orphans(
             &leaders(&[]),
-            &services,
+            &metas(services),
             &[],
             &[],
             &opts(),

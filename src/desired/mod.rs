@@ -279,15 +279,31 @@ pub fn endpoints_ownership(ep: &Endpoints, opts: &Options) -> Ownership {
 /// `endpointslice.kubernetes.io/managed-by` label is not [`MANAGED_BY`] is never ours (slices
 /// mirrored by kube-controller-manager from our Endpoints carry the follower label too).
 pub fn slice_ownership(slice: &EndpointSlice, opts: &Options) -> Ownership {
-    let managed_by = slice
-        .metadata
+    slice_meta_ownership(&slice.metadata, opts)
+}
+
+/// Ownership of a local Service or Endpoints judged from its metadata alone (what a
+/// metadata-only listing returns).
+pub fn meta_ownership(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    opts: &Options,
+) -> Ownership {
+    meta::ownership(metadata, opts)
+}
+
+/// [`slice_ownership`] from a slice's metadata alone.
+pub fn slice_meta_ownership(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    opts: &Options,
+) -> Ownership {
+    let managed_by = metadata
         .labels
         .as_ref()
         .and_then(|labels| labels.get(MANAGED_BY_LABEL));
     if managed_by.map(String::as_str) != Some(MANAGED_BY) {
         return Ownership::NotOurs;
     }
-    meta::ownership(&slice.metadata, opts)
+    meta::ownership(metadata, opts)
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {
