@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kube::Resource;
+use kube::api::ObjectMeta;
 use kube::runtime::watcher::Event;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -84,10 +85,14 @@ impl Store {
         };
         let new_group = group_of(&obj);
         let mut touched = Vec::new();
-        if let Some(old) = self.locate(&ns, &name)
-            && Some(&old) != new_group.as_ref()
-        {
-            touched.extend(self.remove(&ns, &name));
+        match self.locate(&ns, &name) {
+            Some(old) if Some(&old) != new_group.as_ref() => {
+                touched.extend(self.remove(&ns, &name));
+            }
+            // the same resourceVersion is the same object: the watch event of our own write,
+            // already stored when the write returned, changes nothing and wakes nobody
+            Some(old) if self.holds_version(&ns, &old, &name, obj.meta()) => return touched,
+            _ => {}
         }
         let Some(group) = new_group else {
             return touched;
@@ -118,6 +123,16 @@ impl Store {
         }
         touched.push(key);
         touched
+    }
+
+    fn holds_version(&self, ns: &str, group: &str, name: &str, meta: &ObjectMeta) -> bool {
+        let Some(version) = meta.resource_version.as_deref() else {
+            return false;
+        };
+        self.groups
+            .get(&(ns.to_string(), group.to_string()))
+            .and_then(|m| m.iter().find(|e| &*e.name == name))
+            .is_some_and(|e| e.version.as_deref() == Some(version))
     }
 
     /// Removes the object wherever it is; returns its group if it was held.
@@ -461,6 +476,27 @@ mod tests {
         assert_eq!(c.group(&key("a", "web")).unwrap().len(), 3);
         assert_eq!(c.group(&key("a", "other")).unwrap().len(), 1);
         assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn the_same_version_again_changes_nothing() {
+        let mut c = Cache::new(by_service_label::<EndpointSlice>);
+        assert_eq!(
+            c.apply(Event::Apply(slice("a", "web-1", "web", "5"))),
+            vec![key("a", "web")]
+        );
+        // the watch event of a write already stored from the write's response
+        assert!(
+            c.apply(Event::Apply(slice("a", "web-1", "web", "5")))
+                .is_empty()
+        );
+        assert_eq!(
+            c.apply(Event::Apply(slice("a", "web-1", "web", "6"))),
+            vec![key("a", "web")]
+        );
+        // the same version under another service is a move, not a repeat
+        let moved = c.apply(Event::Apply(slice("a", "web-1", "api", "6")));
+        assert_eq!(moved.len(), 2);
     }
 
     #[test]
