@@ -98,12 +98,10 @@ impl Store {
             return touched;
         };
         obj.meta_mut().managed_fields = None;
-        // a k8s-openapi object always serializes; one that did not would be left out, and a
-        // missing object only ever waits for the next event or listing (never a deletion: the
-        // reconcile acts on absence only after a complete listing, which this one is part of)
-        let Ok(json) = serde_json::to_vec(&obj) else {
-            return touched;
-        };
+        // a k8s-openapi object always serializes; were one not to, it is held as an empty entry
+        // that fails to read back: its reconcile then fails and is retried, and nothing is
+        // deleted because of it (leaving it out would make its leader look gone)
+        let json = serde_json::to_vec(&obj).unwrap_or_default();
         let entry = Entry {
             name: name.as_str().into(),
             version: obj.meta().resource_version.as_deref().map(Into::into),
@@ -505,6 +503,11 @@ mod tests {
         c.apply(Event::Apply(svc("a", "x", "1")));
         if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
             m[0].json = b"{not json".to_vec().into_boxed_slice();
+        }
+        assert!(c.named(&key("a", "x")).is_err());
+        // what an object that failed to serialize is held as
+        if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
+            m[0].json = Box::default();
         }
         assert!(c.named(&key("a", "x")).is_err());
     }
