@@ -15,6 +15,8 @@ use kube::runtime::watcher::Event;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::desired::SERVICE_NAME_LABEL;
+
 /// (namespace, service name)
 pub type GroupKey = (String, String);
 
@@ -47,8 +49,6 @@ type Members = Vec<Entry>;
 struct Store {
     groups: HashMap<GroupKey, Members>,
     located: HashMap<(String, String), String>,
-    /// objects held
-    count: usize,
 }
 
 impl Store {
@@ -56,21 +56,30 @@ impl Store {
         Self {
             groups: HashMap::new(),
             located: HashMap::new(),
-            count: 0,
         }
     }
 
     /// The group an object is held in, if it is held.
     fn locate(&self, ns: &str, name: &str) -> Option<String> {
-        if let Some(g) = self.located.get(&(ns.to_string(), name.to_string())) {
+        let id = (ns.to_string(), name.to_string());
+        if let Some(g) = self.located.get(&id) {
             return Some(g.clone());
         }
-        let own = (ns.to_string(), name.to_string());
-        let held = self
-            .groups
-            .get(&own)
-            .is_some_and(|m| m.iter().any(|e| &*e.name == name));
-        held.then(|| name.to_string())
+        self.member(&id, name).map(|_| id.1)
+    }
+
+    /// True when `name` is held in `group` at the resourceVersion `meta` carries.
+    fn holds(&self, group: &GroupKey, name: &str, meta: &ObjectMeta) -> bool {
+        let version = meta.resource_version.as_deref();
+        version.is_some()
+            && self
+                .member(group, name)
+                .is_some_and(|e| e.version.as_deref() == version)
+    }
+
+    /// The object `name` among the members of `group`.
+    fn member(&self, group: &GroupKey, name: &str) -> Option<&Entry> {
+        self.groups.get(group)?.iter().find(|e| &*e.name == name)
     }
 
     /// Stores the object; returns the groups whose content changed: the object's group and, if
@@ -85,14 +94,14 @@ impl Store {
         };
         let new_group = group_of(&obj);
         let mut touched = Vec::new();
-        match self.locate(&ns, &name) {
-            Some(old) if Some(&old) != new_group.as_ref() => {
+        if let Some(old) = self.locate(&ns, &name) {
+            if Some(&old) != new_group.as_ref() {
                 touched.extend(self.remove(&ns, &name));
+            } else if self.holds(&(ns.clone(), old), &name, obj.meta()) {
+                // the same resourceVersion is the same object: the watch event of our own
+                // write, already stored when the write returned, changes nothing, wakes nobody
+                return touched;
             }
-            // the same resourceVersion is the same object: the watch event of our own write,
-            // already stored when the write returned, changes nothing and wakes nobody
-            Some(old) if self.holds_version(&ns, &old, &name, obj.meta()) => return touched,
-            _ => {}
         }
         let Some(group) = new_group else {
             return touched;
@@ -111,26 +120,13 @@ impl Store {
         let members = self.groups.entry(key.clone()).or_default();
         match members.binary_search_by(|e| (*e.name).cmp(name.as_str())) {
             Ok(i) => members[i] = entry,
-            Err(i) => {
-                members.insert(i, entry);
-                self.count += 1;
-            }
+            Err(i) => members.insert(i, entry),
         }
         if group != name {
             self.located.insert((ns, name), group);
         }
         touched.push(key);
         touched
-    }
-
-    fn holds_version(&self, ns: &str, group: &str, name: &str, meta: &ObjectMeta) -> bool {
-        let Some(version) = meta.resource_version.as_deref() else {
-            return false;
-        };
-        self.groups
-            .get(&(ns.to_string(), group.to_string()))
-            .and_then(|m| m.iter().find(|e| &*e.name == name))
-            .is_some_and(|e| e.version.as_deref() == Some(version))
     }
 
     /// Removes the object wherever it is; returns its group if it was held.
@@ -141,9 +137,7 @@ impl Store {
         self.located.remove(&(ns.to_string(), name.to_string()));
         let key = (ns.to_string(), group);
         if let Some(members) = self.groups.get_mut(&key) {
-            let before = members.len();
             members.retain(|e| &*e.name != name);
-            self.count -= before - members.len();
             if members.is_empty() {
                 self.groups.remove(&key);
             }
@@ -171,11 +165,12 @@ pub fn by_name<K: Resource>(obj: &K) -> Option<String> {
 
 /// The group of an EndpointSlice: the Service it belongs to.
 pub fn by_service_label<K: Resource>(obj: &K) -> Option<String> {
-    obj.meta()
-        .labels
-        .as_ref()?
-        .get("kubernetes.io/service-name")
-        .cloned()
+    service_of(obj.meta())
+}
+
+/// The Service a slice belongs to (its `kubernetes.io/service-name` label).
+pub fn service_of(meta: &ObjectMeta) -> Option<String> {
+    meta.labels.as_ref()?.get(SERVICE_NAME_LABEL).cloned()
 }
 
 fn ids<K: Resource>(obj: &K) -> Option<(String, String)> {
@@ -221,11 +216,11 @@ impl<K: Resource> Cache<K> {
 
     /// Number of objects held.
     pub fn len(&self) -> usize {
-        self.store.count
+        self.store.groups.values().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.store.count == 0
+        self.store.groups.is_empty()
     }
 }
 

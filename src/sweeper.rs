@@ -13,7 +13,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::cache::GroupKey;
+use crate::cache::{GroupKey, service_of};
 use crate::desired::{Options, Ownership, meta_ownership, slice_meta_ownership};
 use crate::error::{Error, Result};
 use crate::metrics::labels;
@@ -71,10 +71,7 @@ pub struct Orphan {
 fn group_of(m: &ObjectMeta, by_label: bool) -> Option<GroupKey> {
     let ns = m.namespace.clone()?;
     let g = if by_label {
-        m.labels
-            .as_ref()?
-            .get("kubernetes.io/service-name")?
-            .clone()
+        service_of(m)?
     } else {
         m.name.clone()?
     };
