@@ -1,9 +1,9 @@
 //! Wiring: remote and local watches feed the caches and the work queue; workers reconcile; the
-//! Lease decides who writes; the sweeper and the admin server sit beside them; SIGTERM/SIGINT
+//! Lease decides who writes; the sweeper and the admin server sit beside them. Every task runs
+//! under the supervisor: one that ends early shuts the process down with an error. SIGTERM/SIGINT
 //! drain it all.
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
@@ -11,10 +11,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -25,211 +25,17 @@ use crate::cache::{Cache, GroupKey};
 use crate::clients::{self, Remote};
 use crate::desired::Options;
 use crate::error::{Error, Result};
-use crate::lease::{self, LeaseConfig};
+use crate::lease::{self, Leadership, LeaseConfig};
 use crate::metrics::{Metrics, labels};
 use crate::queue::WorkQueue;
-use crate::reconcile::{self, Ctx, Key, LocalState, Outcome, RemoteState, read, write};
+use crate::reconcile::{self, Ctx, LocalState, RemoteState, read};
+use crate::supervisor::Supervisor;
 use crate::sweeper;
+use crate::watch::{Follow, Spec};
+use crate::worker::{self, Runtime};
 use crate::writer::Writer;
 
 const CONTROLLER: &str = "cross-cluster-controller";
-
-/// Follows one watch into one cache; `on_change` receives the groups that changed (after the
-/// first complete listing, and then every live event or completed relist).
-async fn follow<K, T>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    holder: Arc<T>,
-    cache: fn(&T) -> &RwLock<Cache<K>>,
-    what: String,
-    on_change: impl Fn(Vec<GroupKey>) + Send,
-    shutdown: CancellationToken,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    T: Send + Sync,
-{
-    let mut failing = false;
-    let mut delay = RETRY_MIN;
-    'watch: loop {
-        // a fresh watcher starts with a complete listing: after any failure, only a complete
-        // listing (InitDone) marks the watch healthy again and clears /readyz
-        let stream = watcher(api.clone(), cfg.clone());
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                Some(Ok(ev)) => {
-                    if matches!(ev, Event::InitDone) {
-                        delay = RETRY_MIN;
-                        if failing {
-                            info!(watch = %what, "watch recovered: complete listing received");
-                            failing = false;
-                        }
-                    }
-                    let changed = write(cache(&holder)).apply(ev);
-                    if !changed.is_empty() {
-                        on_change(changed);
-                    }
-                }
-                Some(Err(e)) if expired(&e) => {
-                    // the resume point was compacted away: start over with a listing at once
-                    // (the cache swaps it in only once it is complete); not a failure
-                    info!(watch = %what, "watch expired (410 Gone); relisting");
-                    continue 'watch;
-                }
-                Some(Err(e)) => {
-                    // recorded with its causes (a TLS or DNS failure is named only there); the
-                    // cache keeps its last complete view: an unreachable API deletes nothing
-                    let why = crate::error::chain(&e);
-                    write(cache(&holder)).failed(why.clone());
-                    if !failing {
-                        warn!(watch = %what, error = %why, "watch failed; retrying with back-off, nothing is deleted meanwhile");
-                    }
-                    failing = true;
-                    break;
-                }
-                None => return,
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(RETRY_MAX);
-    }
-}
-
-/// 410 Gone: the watch asked for a resourceVersion that etcd has compacted away.
-fn expired(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::WatchError(s) => s.code == 410,
-        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 410,
-        _ => false,
-    }
-}
-
-/// Back-off between attempts of a failed watch.
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
-
-use kube::runtime::watcher::watcher;
-
-struct Runtime {
-    /// when a remote change for a key was first seen and not yet written
-    pending_since: Mutex<HashMap<Key, Instant>>,
-    ctx: Arc<Ctx>,
-    queue: Arc<WorkQueue<Key>>,
-    leader: watch::Receiver<bool>,
-    remotes: Vec<(Remote, Arc<RemoteState>)>,
-}
-
-impl Runtime {
-    fn enqueue_remote(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
-        let Some(state) = self.ctx.remotes.get(remote) else {
-            return;
-        };
-        for (namespace, name) in keys.into_iter().filter(|k| state.in_scope(&k.0)) {
-            self.queue.add(Key {
-                remote: Arc::clone(remote),
-                namespace,
-                name,
-            });
-        }
-    }
-
-    /// A remote change: remembered for the propagation-lag histogram, then queued.
-    fn remote_changed(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
-        {
-            let now = Instant::now();
-            let mut pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
-            for (namespace, name) in &keys {
-                let key = Key {
-                    remote: Arc::clone(remote),
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                };
-                pending.entry(key).or_insert(now);
-            }
-        }
-        self.enqueue_remote(remote, keys);
-    }
-
-    fn settled(&self, key: &Key, wrote: bool) {
-        let since = self
-            .pending_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
-        if let (true, Some(at)) = (wrote, since) {
-            self.ctx
-                .metrics
-                .lag
-                .get_or_create(&labels([("remote", &key.remote)]))
-                .observe(at.elapsed().as_secs_f64());
-        }
-    }
-}
-
-async fn worker(rt: Arc<Runtime>, retries: Arc<Mutex<HashMap<Key, u32>>>) {
-    while let Some(key) = rt.queue.next().await {
-        if !*rt.leader.borrow() {
-            rt.queue.done(&key);
-            continue;
-        }
-        let result = reconcile::reconcile(&rt.ctx, &key).await;
-        rt.queue.done(&key);
-        let mut retries_map = retries.lock().unwrap_or_else(|p| p.into_inner());
-        match result {
-            Ok(Outcome::NotReady) | Err(Error::NotLeader) => {
-                retries_map.remove(&key);
-            }
-            Ok(outcome) => {
-                retries_map.remove(&key);
-                rt.settled(&key, matches!(outcome, Outcome::Applied | Outcome::Deleted));
-            }
-            Err(e) => {
-                let n = retries_map.entry(key.clone()).or_insert(0);
-                *n += 1;
-                let delay = Duration::from_millis(200u64.saturating_mul(1 << (*n).min(9)))
-                    .min(Duration::from_secs(60));
-                rt.ctx
-                    .metrics
-                    .reconciles
-                    .get_or_create(&labels([("remote", &key.remote), ("outcome", "error")]))
-                    .inc();
-                if *n >= 5 {
-                    error!(
-                        key = %key, error = %e, attempt = *n,
-                        tags.remote = %key.remote, tags.namespace = %key.namespace, tags.kind = "Service",
-                        tags.category = e.category(),
-                        "reconcile keeps failing; retrying"
-                    );
-                } else {
-                    warn!(key = %key, error = %e, category = e.category(), attempt = *n, retry_in_ms = delay.as_millis() as u64, "reconcile failed; retrying");
-                }
-                rt.queue.add_after(key, delay);
-            }
-        }
-    }
-}
-
-/// Watches end server-side after `--api-timeout-seconds` and are renewed, so a quiet healthy
-/// watch keeps its connection active and a stalled one is noticed (see `clients::with_timeouts`).
-fn watcher_config(selector: &str, args: &Args) -> watcher::Config {
-    watcher::Config::default()
-        .labels(selector)
-        .timeout(args.api_timeout_seconds)
-}
 
 /// Blocks until SIGTERM or SIGINT, then cancels; a second signal exits at once.
 fn handle_signals(shutdown: CancellationToken) {
@@ -265,6 +71,7 @@ pub async fn run(args: Args) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let shutdown = CancellationToken::new();
     handle_signals(shutdown.clone());
+    let sup = Supervisor::new(shutdown.clone());
 
     let identity = args
         .identity
@@ -291,7 +98,7 @@ pub async fn run(args: Args) -> Result<()> {
         duration: args.lease_duration(),
     };
     let leader_metric = metrics.leader.clone();
-    let (leader, lease_task) = lease::spawn(
+    let (leader, election) = lease::elect(
         clients.local.clone(),
         lease_cfg,
         shutdown.clone(),
@@ -299,8 +106,8 @@ pub async fn run(args: Args) -> Result<()> {
             leader_metric.set(i64::from(l));
         },
     );
+    let lease_task = sup.spawn("lease", election);
 
-    let local_state = Arc::new(LocalState::default());
     let remotes: Vec<(Remote, Arc<RemoteState>)> = clients
         .remotes
         .iter()
@@ -310,270 +117,53 @@ pub async fn run(args: Args) -> Result<()> {
                 cluster_name: r.name.clone(),
                 endpoints_mode: args.endpoints_mode.into(),
             };
-            (
-                r.clone(),
-                Arc::new(RemoteState::new(
-                    &r.name,
-                    opts,
-                    args.watch_namespaces.clone(),
-                )),
-            )
+            let state = RemoteState::new(&r.name, opts, args.watch_namespaces.clone());
+            (r.clone(), Arc::new(state))
         })
         .collect();
-
-    let fallback_ref = ObjectReference {
-        api_version: Some("coordination.k8s.io/v1".into()),
-        kind: Some("Lease".into()),
-        name: Some(args.lease_name.clone()),
-        namespace: Some(args.namespace.clone()),
-        ..Default::default()
-    };
-    let ctx = Arc::new(Ctx {
-        remotes: remotes
-            .iter()
-            .map(|(_, s)| (Arc::clone(&s.name), Arc::clone(s)))
-            .collect(),
-        local: Arc::clone(&local_state),
-        writer: Writer::new(
-            clients.local.clone(),
-            leader.clone(),
-            args.dry_run,
-            Arc::clone(&metrics),
-        ),
-        recorder: Recorder::new(
-            clients.local.clone(),
-            Reporter {
-                controller: CONTROLLER.into(),
-                instance: Some(identity.clone()),
-            },
-        ),
-        metrics: Arc::clone(&metrics),
-        create_namespaces: args.create_namespaces,
-        fallback_ref,
-        events_sent: Mutex::new(reconcile::EventLimiter::new(Duration::from_secs(300))),
-    });
+    let ctx = context(
+        &args,
+        &clients.local,
+        &identity,
+        &leader,
+        &metrics,
+        &remotes,
+    );
     let queue = WorkQueue::new();
-    let rt = Arc::new(Runtime {
-        pending_since: Mutex::default(),
-        ctx: Arc::clone(&ctx),
-        queue: Arc::clone(&queue),
-        leader: leader.clone(),
-        remotes: remotes.clone(),
-    });
+    let rt = Arc::new(Runtime::new(
+        Arc::clone(&ctx),
+        Arc::clone(&queue),
+        leader.clone(),
+    ));
 
-    let mut tasks = Vec::new();
-    // remote watches: leaders and their slices, per remote
     for (remote, state) in &remotes {
-        tasks.push(remote_watch(
-            &rt,
-            remote,
-            state,
-            &args,
-            |s| &s.services,
-            "Services",
-            &shutdown,
-        ));
-        tasks.push(remote_watch(
-            &rt,
-            remote,
-            state,
-            &args,
-            |s| &s.slices,
-            "EndpointSlices",
-            &shutdown,
-        ));
+        remote_watches(&sup, &rt, remote, state, &args);
     }
+    local_watches(&sup, &rt, &clients.local, &args);
+    namespace_watch(&sup, &rt, &clients.local, &args);
 
-    // local followers: drift or manual deletion re-triggers the key for every remote
-    let local_sel = format!("{}=follower", args.label_key);
-    macro_rules! local_watch {
-        ($kind:ty, $field:ident, $what:expr) => {{
-            let rt = Arc::clone(&rt);
-            tasks.push(tokio::spawn(follow(
-                scoped_api::<$kind>(&clients.local, &args.watch_namespaces),
-                watcher_config(&local_sel, &args),
-                Arc::clone(&local_state),
-                |s: &LocalState| &s.$field,
-                $what.to_string(),
-                move |keys: Vec<GroupKey>| {
-                    for (_, s) in &rt.remotes {
-                        rt.enqueue_remote(&s.name, keys.clone());
-                    }
-                },
-                shutdown.clone(),
-            )));
-        }};
-    }
-    local_watch!(Service, services, "local follower Services");
-    local_watch!(EndpointSlice, slices, "local follower EndpointSlices");
-    local_watch!(Endpoints, endpoints, "local follower Endpoints");
-
-    // a namespace that appears locally releases the leaders that were waiting for it
-    {
-        let rt = Arc::clone(&rt);
-        let api: Api<PartialObjectMeta<Namespace>> = Api::all(clients.local.clone());
-        let shutdown = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            let stream = watcher(
-                api,
-                watcher::Config::default().timeout(args.api_timeout_seconds),
-            )
-            .default_backoff()
-            .applied_objects();
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let ns = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    n = stream.next() => n,
-                };
-                match ns {
-                    Some(Ok(ns)) => {
-                        let Some(name) = ns.metadata.name else {
-                            continue;
-                        };
-                        for (_, s) in &rt.remotes {
-                            let keys: Vec<GroupKey> = read(&s.services)
-                                .keys()
-                                .filter(|k| k.0 == name)
-                                .cloned()
-                                .collect();
-                            rt.enqueue_remote(&s.name, keys);
-                        }
-                    }
-                    Some(Err(e)) => warn!(error = %e, "local namespace watch failed; retrying"),
-                    None => return,
-                }
-            }
-        }));
-    }
-
-    // workers
-    let retries = Arc::new(Mutex::new(HashMap::new()));
     let workers: Vec<_> = (0..args.workers)
-        .map(|_| tokio::spawn(worker(Arc::clone(&rt), Arc::clone(&retries))))
+        .map(|i| sup.spawn(format!("worker {i}"), worker::run(Arc::clone(&rt))))
         .collect();
 
-    // sweeper: cron ticks and leadership gains wake it
     let sweep_now = Arc::new(Notify::new());
-    let mut scheduler = JobScheduler::new()
-        .await
-        .map_err(|e| Error::Scheduler(e.to_string()))?;
-    {
-        let sweep_now = Arc::clone(&sweep_now);
-        let job = Job::new(cron.as_str(), move |_, _| sweep_now.notify_one())
-            .map_err(|e| Error::Scheduler(e.to_string()))?;
-        scheduler
-            .add(job)
-            .await
-            .map_err(|e| Error::Scheduler(e.to_string()))?;
-        scheduler
-            .start()
-            .await
-            .map_err(|e| Error::Scheduler(e.to_string()))?;
-    }
-    {
-        let rt = Arc::clone(&rt);
-        let sweep_now = Arc::clone(&sweep_now);
-        let shutdown = shutdown.clone();
-        let namespaces = args.watch_namespaces.clone();
-        let timeout = Duration::from_secs(args.sweep_list_timeout_seconds);
-        tasks.push(tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = sweep_now.notified() => {}
-                }
-                if !*rt.leader.borrow() {
-                    continue;
-                }
-                for (remote, state) in &rt.remotes {
-                    sweeper::sweep_logged(
-                        &rt.ctx,
-                        &state.name,
-                        &remote.client,
-                        &state.opts,
-                        &namespaces,
-                        timeout,
-                    )
-                    .await;
-                }
-            }
-        }));
-    }
-
-    // on every leadership gain: sweep (fresh listings, no cache needed), and reconcile every
-    // leader of each remote as soon as that remote's caches are complete; a broken remote
-    // does not hold the others back
-    {
-        let rt = Arc::clone(&rt);
-        let sweep_now = Arc::clone(&sweep_now);
-        let mut leader = leader.clone();
-        let shutdown = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                if *leader.borrow_and_update() {
-                    sweep_now.notify_one();
-                    let mut pending: Vec<Arc<RemoteState>> = rt.remotes.iter().map(|(_, s)| Arc::clone(s)).collect();
-                    while !pending.is_empty() && *leader.borrow() {
-                        let local_ready = rt.ctx.local.ready();
-                        pending.retain(|s| {
-                            if !(local_ready && s.ready()) {
-                                return true;
-                            }
-                            let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
-                            info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
-                            rt.enqueue_remote(&s.name, keys);
-                            false
-                        });
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        }
-                    }
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = leader.changed() => if r.is_err() { return },
-                }
-            }
-        }));
-    }
-
-    // gauges: followers, remote health
-    {
-        let rt = Arc::clone(&rt);
-        let shutdown = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let m = &rt.ctx.metrics;
-                for (_, s) in &rt.remotes {
-                    let remote = labels([("remote", &s.name)]);
-                    let n = read(&rt.ctx.local.services)
-                        .keys()
-                        .filter(|k| s.in_scope(&k.0))
-                        .count();
-                    m.followers.get_or_create(&remote).set(n as i64);
-                    m.remote_up
-                        .get_or_create(&remote)
-                        .set(i64::from(s.problem().is_none()));
-                    if let Some(secs) = s.seconds_since_list() {
-                        m.since_list.get_or_create(&remote).set(secs);
-                    }
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            }
-        }));
-    }
+    let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
+    sweeper_task(&sup, &rt, &remotes, &sweep_now, &args);
+    resync_on_gain(&sup, &rt, &sweep_now);
+    gauges(&sup, &rt);
 
     let admin_state = Arc::new(AdminState {
         metrics: Arc::clone(&metrics),
         remotes: remotes.iter().map(|(_, s)| Arc::clone(s)).collect(),
-        local: Arc::clone(&local_state),
+        local: Arc::clone(&ctx.local),
     });
-    let admin = tokio::spawn(admin::serve(listener, admin_state, shutdown.clone()));
+    let serve = admin::serve(listener, admin_state, shutdown.clone());
+    let admin_sup = sup.clone();
+    sup.spawn("admin server", async move {
+        if let Err(e) = serve.await {
+            admin_sup.fail(format!("admin server: {e}"));
+        }
+    });
 
     shutdown.cancelled().await;
     queue.close();
@@ -582,14 +172,55 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let _ = scheduler.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(6), lease_task).await;
-    for t in tasks {
-        t.abort();
+    match sup.failure() {
+        Some(why) => Err(Error::TaskEnded(why)),
+        None => {
+            info!("stopped");
+            Ok(())
+        }
     }
-    if let Ok(Err(e)) = admin.await {
-        warn!(error = %e, "admin server");
-    }
-    info!("stopped");
-    Ok(())
+}
+
+/// What every reconcile shares: caches, the writer, Events, metrics.
+fn context(
+    args: &Args,
+    local: &Client,
+    identity: &str,
+    leader: &Leadership,
+    metrics: &Arc<Metrics>,
+    remotes: &[(Remote, Arc<RemoteState>)],
+) -> Arc<Ctx> {
+    let fallback_ref = ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        name: Some(args.lease_name.clone()),
+        namespace: Some(args.namespace.clone()),
+        ..Default::default()
+    };
+    Arc::new(Ctx {
+        remotes: remotes
+            .iter()
+            .map(|(_, s)| (Arc::clone(&s.name), Arc::clone(s)))
+            .collect(),
+        local: Arc::new(LocalState::default()),
+        writer: Writer::new(
+            local.clone(),
+            leader.clone(),
+            args.dry_run,
+            Arc::clone(metrics),
+        ),
+        recorder: Recorder::new(
+            local.clone(),
+            Reporter {
+                controller: CONTROLLER.into(),
+                instance: Some(identity.to_string()),
+            },
+        ),
+        metrics: Arc::clone(metrics),
+        create_namespaces: args.create_namespaces,
+        fallback_ref,
+        events_sent: std::sync::Mutex::new(reconcile::EventLimiter::new(Duration::from_secs(300))),
+    })
 }
 
 /// One mirrored namespace: a namespaced watch. Several or all: one cluster-wide watch (a cache
@@ -604,18 +235,16 @@ where
     }
 }
 
-/// Follows one kind of the remote's leader-labelled objects into its cache; changes queue keys.
-fn remote_watch<K>(
+/// Spawns one supervised watch into a cache of `holder`.
+fn watch_into<K, T>(
+    sup: &Supervisor,
     rt: &Arc<Runtime>,
-    remote: &Remote,
-    state: &Arc<RemoteState>,
-    args: &Args,
-    cache: fn(&RemoteState) -> &RwLock<Cache<K>>,
-    what: &str,
-    shutdown: &CancellationToken,
-) -> tokio::task::JoinHandle<()>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+    spec: Spec<K>,
+    holder: Arc<T>,
+    cache: fn(&T) -> &RwLock<Cache<K>>,
+    on_change: impl Fn(Vec<GroupKey>) + Send + Sync + 'static,
+) where
+    K: Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
         + serde::Serialize
@@ -623,16 +252,211 @@ where
         + Send
         + Sync
         + 'static,
+    T: Send + Sync + 'static,
 {
-    let rt = Arc::clone(rt);
-    let name = Arc::clone(&state.name);
-    tokio::spawn(follow(
-        scoped_api::<K>(&remote.client, &args.watch_namespaces),
-        watcher_config(&state.opts.leader_selector(), args),
-        Arc::clone(state),
+    let what = spec.what.clone();
+    let follow = Follow {
+        spec,
+        holder,
         cache,
-        format!("remote {} {what}", state.name),
-        move |keys| rt.remote_changed(&name, keys),
-        shutdown.clone(),
-    ))
+        on_change,
+        metrics: Arc::clone(&rt.ctx.metrics),
+    };
+    sup.spawn_until_shutdown(what, follow.run());
+}
+
+/// What one watch of `cluster` reads.
+fn spec<K>(client: &Client, args: &Args, selector: String, cluster: &str, what: String) -> Spec<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    Spec {
+        api: scoped_api(client, &args.watch_namespaces),
+        selector,
+        timeout: args.api_timeout_seconds,
+        what,
+        cluster: cluster.to_string(),
+    }
+}
+
+/// A remote's leaders, their leader-labelled slices and the slices other managers wrote.
+fn remote_watches(
+    sup: &Supervisor,
+    rt: &Arc<Runtime>,
+    remote: &Remote,
+    state: &Arc<RemoteState>,
+    args: &Args,
+) {
+    let on_change = || {
+        let (rt, name) = (Arc::clone(rt), Arc::clone(&state.name));
+        move |keys| rt.remote_changed(&name, keys)
+    };
+    let (c, name) = (&remote.client, &*state.name);
+    let what = |kind: &str| format!("remote {name} {kind}");
+    let leaders = state.opts.leader_selector();
+    let foreign = state.opts.foreign_slice_selector();
+    let s = || Arc::clone(state);
+    let services = spec::<Service>(c, args, leaders.clone(), name, what("Services"));
+    watch_into(sup, rt, services, s(), |s| &s.services, on_change());
+    let slices = spec::<EndpointSlice>(c, args, leaders, name, what("EndpointSlices"));
+    watch_into(sup, rt, slices, s(), |s| &s.slices, on_change());
+    let other = what("EndpointSlices of other managers");
+    let foreign = spec::<EndpointSlice>(c, args, foreign, name, other);
+    watch_into(sup, rt, foreign, s(), |s| &s.foreign_slices, on_change());
+}
+
+/// Local followers: drift or manual deletion re-triggers the key for every remote.
+fn local_watches(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &Args) {
+    let sel = format!("{}=follower", args.label_key);
+    let on_change = || {
+        let rt = Arc::clone(rt);
+        move |keys| rt.enqueue_local(keys)
+    };
+    let what = |kind: &str| format!("local follower {kind}");
+    let s = || Arc::clone(&rt.ctx.local);
+    let services = spec::<Service>(local, args, sel.clone(), "local", what("Services"));
+    watch_into(sup, rt, services, s(), |s| &s.services, on_change());
+    let slices = spec::<EndpointSlice>(local, args, sel.clone(), "local", what("EndpointSlices"));
+    watch_into(sup, rt, slices, s(), |s| &s.slices, on_change());
+    let endpoints = spec::<Endpoints>(local, args, sel, "local", what("Endpoints"));
+    watch_into(sup, rt, endpoints, s(), |s| &s.endpoints, on_change());
+}
+
+/// A namespace that appears locally releases the leaders that were waiting for it.
+fn namespace_watch(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &Args) {
+    let rt = Arc::clone(rt);
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(local.clone());
+    let cfg = watcher::Config::default().timeout(args.api_timeout_seconds);
+    sup.spawn_until_shutdown("local namespace watch", async move {
+        let stream = watcher(api, cfg).default_backoff().applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ns) = stream.next().await {
+            match ns {
+                Ok(ns) => {
+                    let Some(name) = ns.metadata.name else {
+                        continue;
+                    };
+                    for s in &rt.remotes {
+                        let keys: Vec<GroupKey> = read(&s.services)
+                            .keys()
+                            .filter(|k| k.0 == name)
+                            .cloned()
+                            .collect();
+                        rt.enqueue_remote(&s.name, keys);
+                    }
+                }
+                Err(e) => warn!(error = %e, "local namespace watch failed; retrying"),
+            }
+        }
+    });
+}
+
+/// The sweep schedule: each cron tick wakes the sweeper.
+async fn cron_ticks(cron: &str, sweep_now: &Arc<Notify>) -> Result<JobScheduler> {
+    let scheduler = JobScheduler::new()
+        .await
+        .map_err(|e| Error::Scheduler(e.to_string()))?;
+    let wake = Arc::clone(sweep_now);
+    let job = Job::new(cron, move |_, _| wake.notify_one())
+        .map_err(|e| Error::Scheduler(e.to_string()))?;
+    scheduler
+        .add(job)
+        .await
+        .map_err(|e| Error::Scheduler(e.to_string()))?;
+    scheduler
+        .start()
+        .await
+        .map_err(|e| Error::Scheduler(e.to_string()))?;
+    Ok(scheduler)
+}
+
+/// Sweeps every remote when woken (cron ticks and leadership gains), leader only.
+fn sweeper_task(
+    sup: &Supervisor,
+    rt: &Arc<Runtime>,
+    remotes: &[(Remote, Arc<RemoteState>)],
+    sweep_now: &Arc<Notify>,
+    args: &Args,
+) {
+    let rt = Arc::clone(rt);
+    let remotes = remotes.to_vec();
+    let sweep_now = Arc::clone(sweep_now);
+    let namespaces = args.watch_namespaces.clone();
+    let timeout = Duration::from_secs(args.sweep_list_timeout_seconds);
+    sup.spawn_until_shutdown("sweeper", async move {
+        loop {
+            sweep_now.notified().await;
+            if !rt.leader.is_leader() {
+                continue;
+            }
+            for (remote, state) in &remotes {
+                let (name, opts) = (&state.name, &state.opts);
+                sweeper::sweep_logged(&rt.ctx, name, &remote.client, opts, &namespaces, timeout)
+                    .await;
+            }
+        }
+    });
+}
+
+/// On every leadership gain: sweep (fresh listings, no cache needed), and reconcile every leader
+/// of each remote as soon as that remote's caches are complete; a broken remote does not hold
+/// the others back.
+fn resync_on_gain(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>) {
+    let rt = Arc::clone(rt);
+    let sweep_now = Arc::clone(sweep_now);
+    let mut leader = rt.leader.clone();
+    sup.spawn_until_shutdown("resync on leadership gain", async move {
+        let mut was_leader = false;
+        loop {
+            // every renewal is published; only a gain starts a resync
+            let gained = leader.is_leader() && !was_leader;
+            was_leader = leader.is_leader();
+            if gained {
+                sweep_now.notify_one();
+                let mut pending = rt.remotes.clone();
+                while !pending.is_empty() && rt.leader.is_leader() {
+                    let local_ready = rt.ctx.local.ready();
+                    pending.retain(|s| {
+                        if !(local_ready && s.ready()) {
+                            return true;
+                        }
+                        let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
+                        info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
+                        rt.enqueue_remote(&s.name, keys);
+                        false
+                    });
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            if leader.changed().await.is_err() {
+                // the election ended: the supervisor reports it; nothing to resync meanwhile
+                std::future::pending::<()>().await;
+            }
+        }
+    });
+}
+
+/// Gauges: followers, remote health.
+fn gauges(sup: &Supervisor, rt: &Arc<Runtime>) {
+    let rt = Arc::clone(rt);
+    sup.spawn_until_shutdown("gauges", async move {
+        loop {
+            let m = &rt.ctx.metrics;
+            for s in &rt.remotes {
+                let remote = labels([("remote", &s.name)]);
+                let n = read(&rt.ctx.local.services)
+                    .keys()
+                    .filter(|k| s.in_scope(&k.0))
+                    .count();
+                m.followers.get_or_create(&remote).set(n as i64);
+                m.remote_up
+                    .get_or_create(&remote)
+                    .set(i64::from(s.problem().is_none()));
+                if let Some(secs) = s.seconds_since_list() {
+                    m.since_list.get_or_create(&remote).set(secs);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
 }

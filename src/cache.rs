@@ -200,6 +200,11 @@ impl<K: Resource> Cache<K> {
         self.error = Some(error);
     }
 
+    /// The watch is current again without a relist (a resumed watch was accepted).
+    pub fn recovered(&mut self) {
+        self.error = None;
+    }
+
     /// The watch's current failure, if any.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()

@@ -18,6 +18,12 @@ pub enum Error {
     Scheduler(String),
     #[error(transparent)]
     Cache(#[from] crate::cache::CacheError),
+    /// A long-lived task ended before shutdown (see the supervisor).
+    #[error("{0}")]
+    TaskEnded(String),
+    /// A reconcile pass panicked; its key was released and is retried.
+    #[error("reconcile panicked: {0}")]
+    Panic(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -33,6 +39,8 @@ impl Error {
             Error::Admin(_) => "admin",
             Error::Scheduler(_) => "scheduler",
             Error::Cache(_) => "cache",
+            Error::Panic(_) => "panic",
+            Error::TaskEnded(_) => "task_ended",
         }
     }
 

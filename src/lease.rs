@@ -1,9 +1,14 @@
 //! Leader election on a coordination.k8s.io/v1 Lease. Only the holder writes.
 //!
 //! Expiry is judged the way client-go does it: by how long *this* replica has seen the record
-//! unchanged on its own monotonic clock, not by comparing another machine's timestamps. A holder
-//! steps down (publishes `false`) as soon as it has not renewed for `renew_deadline`, which is
-//! shorter than the lease duration, so it stops writing before anyone else may start.
+//! unchanged on its own monotonic clock, not by comparing another machine's timestamps.
+//!
+//! The election task publishes not "leader: yes/no" but "may write until <instant>": the start
+//! of the last successful renewal plus `renew_deadline`, which is shorter than the lease
+//! duration. [`Leadership`] reads it and fails closed: once that instant has passed (the task is
+//! stuck, or the API server stopped answering) or the task has ended for any reason (a panic
+//! drops the sender), this replica is not the leader and every write is refused, before any
+//! other replica may take over.
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -133,6 +138,58 @@ impl Elector {
     }
 }
 
+/// Whether this replica may write now, as the election task last published it. Cloned into
+/// every place that gates a write; reads fail closed.
+#[derive(Clone, Debug)]
+pub struct Leadership(watch::Receiver<Option<Instant>>);
+
+impl Leadership {
+    /// True only while the last renewal's deadline lies ahead and the election task still runs.
+    pub fn is_leader(&self) -> bool {
+        // has_changed errs once the sender is gone: the task ended, whatever the cause
+        if self.0.has_changed().is_err() {
+            return false;
+        }
+        matches!(*self.0.borrow(), Some(until) if Instant::now() < until)
+    }
+
+    /// Waits for the next publication (a renewal, a gain or a loss); Err once the task ended.
+    pub async fn changed(&mut self) -> std::result::Result<(), watch::error::RecvError> {
+        self.0.changed().await
+    }
+
+    /// Reads deadlines published by someone else (tests drive leadership this way).
+    pub fn from_receiver(rx: watch::Receiver<Option<Instant>>) -> Self {
+        Self(rx)
+    }
+}
+
+/// The sending side of [`Leadership`]: publishes every deadline, logs and reports transitions.
+struct Publisher<F> {
+    tx: watch::Sender<Option<Instant>>,
+    leading: bool,
+    cfg: LeaseConfig,
+    on_change: F,
+}
+
+impl<F: Fn(bool)> Publisher<F> {
+    fn set(&mut self, until: Option<Instant>) {
+        let leader = until.is_some();
+        self.tx.send_replace(until);
+        if self.leading == leader {
+            return;
+        }
+        self.leading = leader;
+        let (lease, identity) = (&self.cfg.name, &self.cfg.identity);
+        if leader {
+            info!(%lease, %identity, "became leader");
+        } else {
+            warn!(%lease, %identity, "not the leader any more: writes stop");
+        }
+        (self.on_change)(leader);
+    }
+}
+
 /// What to do about a Lease error that retrying will not cure.
 fn hint(e: &crate::error::Error, namespace: &str) -> Option<String> {
     match e.api_code()? {
@@ -146,16 +203,20 @@ fn hint(e: &crate::error::Error, namespace: &str) -> Option<String> {
     }
 }
 
-/// Runs the election until `shutdown`; the receiver says whether this replica may write.
-pub fn spawn(
+/// Runs the election until `shutdown`. The returned [`Leadership`] says whether this replica
+/// may write; the future is the election task, for the caller to spawn and supervise.
+pub fn elect(
     client: Client,
     cfg: LeaseConfig,
     shutdown: CancellationToken,
     on_change: impl Fn(bool) + Send + Sync + 'static,
-) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = watch::channel(false);
+) -> (
+    Leadership,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = watch::channel(None);
     let api = Api::namespaced(client, &cfg.namespace);
-    let handle = tokio::spawn(async move {
+    let task = async move {
         let mut elector = Elector {
             api,
             cfg: cfg.clone(),
@@ -163,30 +224,27 @@ pub fn spawn(
         };
         let mut last_renew: Option<Instant> = None;
         let mut told: Option<String> = None;
-        let set = |leader: bool| {
-            if *tx.borrow() != leader {
-                if leader {
-                    info!(lease = %cfg.name, identity = %cfg.identity, "became leader");
-                } else {
-                    warn!(lease = %cfg.name, identity = %cfg.identity, "not the leader any more: writes stop");
-                }
-                tx.send_replace(leader);
-                on_change(leader);
-            }
+        let mut publish = Publisher {
+            tx,
+            leading: false,
+            cfg: cfg.clone(),
+            on_change,
         };
         loop {
+            let started = Instant::now();
             let attempt = tokio::time::timeout(
                 cfg.retry_period().max(Duration::from_secs(1)),
                 elector.try_acquire_or_renew(),
             );
             match attempt.await {
                 Ok(Ok(true)) => {
-                    last_renew = Some(Instant::now());
-                    set(true);
+                    // measured from before the request: the server's renewTime is no earlier
+                    last_renew = Some(started);
+                    publish.set(Some(started + cfg.renew_deadline()));
                 }
                 Ok(Ok(false)) => {
                     last_renew = None;
-                    set(false);
+                    publish.set(None);
                 }
                 Ok(Err(e)) => match hint(&e, &cfg.namespace) {
                     // a cause the user must fix: said once, at error level, in plain words
@@ -202,15 +260,15 @@ pub fn spawn(
                 && at.elapsed() >= cfg.renew_deadline()
             {
                 last_renew = None;
-                set(false);
+                publish.set(None);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(cfg.retry_period()) => {}
             }
         }
-        let was_leader = *tx.borrow();
-        set(false);
+        let was_leader = publish.leading;
+        publish.set(None);
         if was_leader {
             match tokio::time::timeout(Duration::from_secs(5), elector.release()).await {
                 Ok(Ok(())) => info!(lease = %cfg.name, "lease released"),
@@ -218,8 +276,8 @@ pub fn spawn(
                 Err(_) => warn!("releasing the lease timed out"),
             }
         }
-    });
-    (rx, handle)
+    };
+    (Leadership(rx), task)
 }
 
 pub fn default_identity() -> String {
@@ -227,4 +285,37 @@ pub fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
     format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod leadership_tests {
+    use super::*;
+
+    fn channel(until: Option<Instant>) -> (watch::Sender<Option<Instant>>, Leadership) {
+        let (tx, rx) = watch::channel(until);
+        (tx, Leadership::from_receiver(rx))
+    }
+
+    #[test]
+    fn leader_only_until_the_published_deadline() {
+        let (tx, l) = channel(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(l.is_leader());
+        tx.send_replace(Some(Instant::now() - Duration::from_millis(1)));
+        assert!(
+            !l.is_leader(),
+            "a renewal deadline that passed is not leadership"
+        );
+        tx.send_replace(None);
+        assert!(!l.is_leader());
+    }
+
+    #[test]
+    fn an_election_task_that_ended_is_not_leadership() {
+        // the task held the Lease, then ended (a panic drops its sender): fail closed at once,
+        // even though its last deadline still lies ahead
+        let (tx, l) = channel(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(l.is_leader());
+        drop(tx);
+        assert!(!l.is_leader());
+    }
 }

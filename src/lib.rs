@@ -13,8 +13,11 @@ pub mod metrics;
 pub mod queue;
 pub mod reconcile;
 pub mod remote_access;
+pub mod supervisor;
 pub mod sweeper;
 pub mod telemetry;
+pub mod watch;
+pub mod worker;
 pub mod writer;
 
 pub use error::{Error, Result};

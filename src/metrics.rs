@@ -23,6 +23,8 @@ pub struct Metrics {
     pub since_list: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub lag: Family<Labels, Histogram>,
     pub events_suppressed: Counter,
+    pub watch_requests: Family<Labels, Counter>,
+    pub panics: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -44,6 +46,8 @@ impl Default for Metrics {
                 Histogram::new(exponential_buckets(0.001, 2.0, 16))
             }),
             events_suppressed: Counter::default(),
+            watch_requests: Family::default(),
+            panics: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -105,6 +109,16 @@ impl Default for Metrics {
             "events_suppressed",
             "Kubernetes Events not sent because the same one was sent recently",
             m.events_suppressed.clone(),
+        );
+        registry.register(
+            "watch_requests",
+            "List pages and watch starts sent by the watches, by cluster (local or the remote), kind and request",
+            m.watch_requests.clone(),
+        );
+        registry.register(
+            "reconcile_panics",
+            "Reconciles that panicked (the key is released and retried with back-off)",
+            m.panics.clone(),
         );
         let build: Family<Labels, Gauge> = Family::default();
         build

@@ -48,7 +48,12 @@ pub struct RemoteState {
     /// namespaces mirrored from this remote (empty: all)
     pub namespaces: Vec<String>,
     pub services: RwLock<Cache<Service>>,
+    /// slices carrying the leader label (kube-controller-manager copies a Service's labels onto
+    /// the slices it makes)
     pub slices: RwLock<Cache<EndpointSlice>>,
+    /// slices written by anyone else (a selectorless Service's slices, other controllers'),
+    /// which carry only `kubernetes.io/service-name`; see [`Options::foreign_slice_selector`]
+    pub foreign_slices: RwLock<Cache<EndpointSlice>>,
 }
 
 impl RemoteState {
@@ -59,11 +64,27 @@ impl RemoteState {
             namespaces,
             services: RwLock::new(Cache::new(by_name::<Service>)),
             slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            foreign_slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
         }
     }
 
     pub fn ready(&self) -> bool {
-        read(&self.services).ready() && read(&self.slices).ready()
+        read(&self.services).ready()
+            && read(&self.slices).ready()
+            && read(&self.foreign_slices).ready()
+    }
+
+    /// Every remote slice of one Service, from both slice watches (a slice is in at most one of
+    /// them, except briefly while its labels change: then it is counted once).
+    pub fn slices_of(&self, g: &GroupKey) -> Result<Vec<Arc<EndpointSlice>>> {
+        let mut all = read(&self.slices).group(g)?;
+        let foreign = read(&self.foreign_slices).group(g)?;
+        for s in foreign {
+            if !all.iter().any(|a| a.metadata.name == s.metadata.name) {
+                all.push(s);
+            }
+        }
+        Ok(all)
     }
 
     /// None when healthy; otherwise why not, for /readyz.
@@ -79,17 +100,23 @@ impl RemoteState {
             let c = read(&self.services);
             status("Services", c.ready(), c.error())
         };
-        services.or_else(|| {
-            let c = read(&self.slices);
-            status("EndpointSlices", c.ready(), c.error())
-        })
+        services
+            .or_else(|| {
+                let c = read(&self.slices);
+                status("EndpointSlices", c.ready(), c.error())
+            })
+            .or_else(|| {
+                let c = read(&self.foreign_slices);
+                status("EndpointSlices of other managers", c.ready(), c.error())
+            })
     }
 
     /// Seconds since the oldest of this remote's last complete listings.
     pub fn seconds_since_list(&self) -> Option<f64> {
         let a = read(&self.services).last_list()?;
         let b = read(&self.slices).last_list()?;
-        Some(a.min(b).elapsed().as_secs_f64())
+        let c = read(&self.foreign_slices).last_list()?;
+        Some(a.min(b).min(c).elapsed().as_secs_f64())
     }
 
     pub fn in_scope(&self, namespace: &str) -> bool {
@@ -263,7 +290,7 @@ impl Ctx {
     fn snapshot(&self, remote: &RemoteState, g: &GroupKey) -> Result<Snapshot> {
         Ok(Snapshot {
             leader: read(&remote.services).named(g)?,
-            remote_slices: read(&remote.slices).group(g)?,
+            remote_slices: remote.slices_of(g)?,
             service: read(&self.local.services).named(g)?,
             slices: read(&self.local.slices).group(g)?,
             endpoints: read(&self.local.endpoints).named(g)?,

@@ -10,10 +10,10 @@ use kube::core::NamespaceResourceScope;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
 use tracing::info;
 
 use crate::error::{Error, Result};
+use crate::lease::Leadership;
 use crate::metrics::{Metrics, labels};
 
 pub const FIELD_MANAGER: &str = "cross-cluster-controller";
@@ -21,7 +21,7 @@ pub const FIELD_MANAGER: &str = "cross-cluster-controller";
 #[derive(Clone)]
 pub struct Writer {
     client: Client,
-    leader: watch::Receiver<bool>,
+    leader: Leadership,
     dry_run: bool,
     metrics: Arc<Metrics>,
 }
@@ -53,12 +53,7 @@ impl<K> Local for K where
 }
 
 impl Writer {
-    pub fn new(
-        client: Client,
-        leader: watch::Receiver<bool>,
-        dry_run: bool,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(client: Client, leader: Leadership, dry_run: bool, metrics: Arc<Metrics>) -> Self {
         Self {
             client,
             leader,
@@ -73,7 +68,7 @@ impl Writer {
 
     /// Ok(true): send it; Ok(false): dry run; Err: not the leader.
     fn gate<K: Local>(&self, verb: &str, ns: &str, name: &str) -> Result<bool> {
-        if !*self.leader.borrow() {
+        if !self.leader.is_leader() {
             return Err(Error::NotLeader);
         }
         if self.dry_run {

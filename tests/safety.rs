@@ -478,8 +478,10 @@ async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_
     let ns = namespace("safety-writer").await;
     let local = client(LOCAL).await;
     let api: Api<Service> = Api::namespaced(local.clone(), &ns.name);
-    let (leader_tx, leader_rx) = tokio::sync::watch::channel(true);
-    let writer = Writer::new(local, leader_rx, false, Arc::new(Metrics::default()));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(Some(until));
+    let leader = cross_cluster_controller::lease::Leadership::from_receiver(leader_rx);
+    let writer = Writer::new(local, leader, false, Arc::new(Metrics::default()));
 
     let svc = |port: i32| -> Service {
         obj(
@@ -513,7 +515,7 @@ async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_
     let ports = api.get("x").await.unwrap().spec.unwrap().ports.unwrap();
     assert_eq!(ports[0].port, 81, "not overwritten");
 
-    leader_tx.send_replace(false);
+    leader_tx.send_replace(None);
     let err = writer
         .create(&svc(82))
         .await

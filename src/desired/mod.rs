@@ -40,6 +40,9 @@ pub const FOLLOWER_VALUE: &str = "follower";
 
 /// Label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// `endpointslice.kubernetes.io/managed-by` of the slices kube-controller-manager makes for
+/// selector Services.
+pub const KCM_SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
 /// Label naming the controller that manages an EndpointSlice.
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// Label telling kube-controller-manager not to mirror an Endpoints object into slices.
@@ -87,6 +90,19 @@ impl Options {
     /// Label selector matching remote leader Services: `<key>=true`.
     pub fn leader_selector(&self) -> String {
         format!("{}={LEADER_VALUE}", self.label_key)
+    }
+
+    /// Label selector matching the remote EndpointSlices the leader selector misses: those with
+    /// a `kubernetes.io/service-name`, not made by kube-controller-manager's EndpointSlice
+    /// controller (which copies the Service's labels, leader label included, onto its slices),
+    /// and carrying neither `<key>=true` (the leader-labelled watch has them) nor
+    /// `<key>=follower` (another instance's followers in that cluster). Unrelated slices of
+    /// selector Services, the bulk of a cluster's slices, are filtered out by the API server.
+    pub fn foreign_slice_selector(&self) -> String {
+        format!(
+            "{MANAGED_BY_LABEL}!={KCM_SLICE_CONTROLLER},{SERVICE_NAME_LABEL},{} notin ({LEADER_VALUE},{FOLLOWER_VALUE})",
+            self.label_key
+        )
     }
 
     /// Label selector matching local follower objects: `<key>=follower`.
@@ -413,6 +429,11 @@ mod tests {
         let o = opts(EndpointsMode::Slices);
         assert_eq!(o.leader_selector(), "fair.com/cross-cluster=true");
         assert_eq!(o.follower_selector(), "fair.com/cross-cluster=follower");
+        assert_eq!(
+            o.foreign_slice_selector(),
+            "endpointslice.kubernetes.io/managed-by!=endpointslice-controller.k8s.io,\
+             kubernetes.io/service-name,fair.com/cross-cluster notin (true,follower)"
+        );
         assert_eq!(
             o.origin_cluster_annotation(),
             "fair.com/cross-cluster-origin-cluster"
