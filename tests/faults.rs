@@ -991,3 +991,91 @@ async fn a_slow_remote_link_delays_but_loses_and_deletes_nothing() {
     })
     .await;
 }
+
+/// Sum of the remote API server's own request counter for one verb and resource, in namespace
+/// scope (the daemon watches one namespace; the API server's own repair loops and
+/// kube-controller-manager list cluster-wide).
+async fn served(c: &Client, verb: &str, resource: &str) -> f64 {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = c.request_text(req).await.expect("API server metrics");
+    let (verb, resource) = (
+        format!("verb=\"{verb}\""),
+        format!("resource=\"{resource}\""),
+    );
+    support::daemon::metric_value(
+        &text,
+        "apiserver_request_total",
+        &[&verb, &resource, "code=\"200\"", "scope=\"namespace\""],
+    )
+}
+
+#[tokio::test]
+async fn a_network_blip_resumes_the_watches_without_relisting() {
+    // a remote of its own, so the API server's request counts are this daemon's alone
+    const BLIP: &str = "blip";
+    const N: usize = 600; // more than one listing page (500)
+    support::extra_cluster(BLIP, "").await;
+    let case = Case::new("fault-blip", BLIP, LOCAL, &[]).await;
+    create_many(
+        &case.remote,
+        (0..N).map(|i| leader(&format!("s{i}"), 80)).collect(),
+    )
+    .await;
+    let proxy = Proxy::start(&upstream(BLIP).await).await;
+    let kc = case.path("blip-proxied");
+    routed_kubeconfig(&[(BLIP, proxy.url())], &kc).await;
+    let args = with_args(
+        with_flag(args_for(&case.ns.name), "--remote-context", BLIP),
+        // no cron sweep during the case: a sweep lists the remote too
+        &[
+            "--kubeconfig",
+            kc.to_str().expect("path"),
+            "--sweep-schedule",
+            "0 0 0 1 1 *",
+        ],
+    );
+    let d = Daemon::start(&args).await;
+    let before = case.settled(&d).await;
+    let remote = client(BLIP).await;
+    let requests = |r: &'static str| d.metric("xcc_watch_requests_total", &["cluster=\"blip\"", r]);
+    let (lists0, watches0) = (requests("request=\"list\""), requests("request=\"watch\""));
+    let served0 = (
+        served(&remote, "LIST", "services").await,
+        served(&remote, "LIST", "endpointslices").await,
+    );
+
+    // the blip: the remote refuses (every open connection cut, new ones refused) until the
+    // daemon has seen its watches fail, then answers again
+    proxy.set(Fault::Refuse);
+    let t0 = Instant::now();
+    wait_not_ready(&d, "the watches to fail").await;
+    proxy.set(Fault::Pass);
+    let down = t0.elapsed();
+    wait_ready(&d).await;
+    let back = t0.elapsed();
+    case.set_port("s7", 81).await;
+    // taken before the convergence check, which lists the remote leaders itself
+    let served = (
+        served(&remote, "LIST", "services").await - served0.0,
+        served(&remote, "LIST", "endpointslices").await - served0.1,
+    );
+    let took = converge(&case).await;
+    let lists = requests("request=\"list\"") - lists0;
+    let watches = requests("request=\"watch\"") - watches0;
+    assert_eq!(lists, 0.0, "a blip relists nothing:\n{}", d.logs());
+    assert!(watches >= 3.0, "each watch resumed: {watches}");
+    assert_eq!(served, (0.0, 0.0), "the API server served no listing");
+    case.finish(&before, Report {
+        id: "25-network-blip",
+        scenario: "Network blip: the remote refuses connections for a moment",
+        done: &format!("{N} leaders mirrored through the proxy; it cut every connection and refused new ones until /readyz showed the failure ({:.1} s), then passed them again; then a leader changed", down.as_secs_f64()),
+        converge: Some(took),
+        note: format!(
+            "/readyz 200 again {:.1} s after the blip began; from the blip on, the daemon sent {watches} watch requests (resumed from the last resourceVersion) and {lists} list requests; the remote API server served {} listings of Services and {} of EndpointSlices",
+            back.as_secs_f64(), served.0, served.1
+        ),
+    })
+    .await;
+}

@@ -837,3 +837,153 @@ async fn dry_run_writes_nothing() {
     assert!(e.local_svc.get_opt("web").await.unwrap().is_none());
     assert_eq!(d.metric("xcc_writes_total", &[]), 0.0);
 }
+
+/// A slice as the Kubernetes documentation tells users to write one for a selectorless Service
+/// (or as another controller writes them): only `kubernetes.io/service-name` and its own
+/// manager, none of the Service's labels.
+fn foreign_slice(svc: &str, name: &str, ips: &[String]) -> EndpointSlice {
+    let eps: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    obj(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc,
+                     "endpointslice.kubernetes.io/managed-by": "cluster-admins"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps
+    }))
+}
+
+async fn wait_ips(e: &Env, svc: &str, want: &[String]) {
+    let want = sorted(want.to_vec());
+    eventually(&format!("the follower slices of {svc}"), WAIT, || async {
+        let got = local_ips(&e.local_slices, svc).await?;
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn endpoints_of_a_leader_are_mirrored_whoever_wrote_its_slices() {
+    let e = env("mirror-foreign-slices").await;
+    let pp = PostParams::default();
+    let selectorless = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
+    e.remote_svc
+        .create(&pp, &leader("manual", selectorless.clone()))
+        .await
+        .unwrap();
+    e.remote_slices
+        .create(&pp, &foreign_slice("manual", "manual-1", &ips(2, 41)))
+        .await
+        .unwrap();
+    // an unlabelled Service's slices, of the same kind: never mirrored
+    let plain: Service = obj(json!({"metadata": {"name": "plain"}, "spec": selectorless}));
+    e.remote_svc.create(&pp, &plain).await.unwrap();
+    e.remote_slices
+        .create(&pp, &foreign_slice("plain", "plain-1", &ips(2, 42)))
+        .await
+        .unwrap();
+    let d = start(&e, &[]).await;
+    wait_ips(&e, "manual", &ips(2, 41)).await;
+
+    // a second slice, added while running, and a legacy Endpoints object that the remote's
+    // EndpointSlice mirroring controller turns into slices of its own
+    e.remote_slices
+        .create(&pp, &foreign_slice("manual", "manual-2", &ips(1, 43)))
+        .await
+        .unwrap();
+    wait_ips(&e, "manual", &[ips(2, 41), ips(1, 43)].concat()).await;
+    e.remote_svc
+        .create(&pp, &leader("legacy", selectorless.clone()))
+        .await
+        .unwrap();
+    let ep: Endpoints = obj(json!({"metadata": {"name": "legacy"}, "subsets": [
+        {"addresses": [{"ip": "10.44.0.1"}, {"ip": "10.44.0.2"}], "ports": [{"name": "http", "port": 8080}]}]}));
+    Api::<Endpoints>::namespaced(client(REMOTE).await, &e.ns.name)
+        .create(&pp, &ep)
+        .await
+        .unwrap();
+    wait_ips(&e, "legacy", &["10.44.0.1".into(), "10.44.0.2".into()]).await;
+
+    // proof before delete holds for them too: a deleted slice takes only its endpoints along
+    e.remote_slices
+        .delete("manual-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_ips(&e, "manual", &ips(1, 43)).await;
+    absent(&e.local_svc, "plain")
+        .await
+        .expect("an unlabelled Service is not mirrored");
+    assert!(
+        local_ips(&e.local_slices, "plain")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    drop(d);
+}
+
+#[tokio::test]
+async fn labels_follow_their_leader_and_local_labels_stay() {
+    let e = env("mirror-labels-follow").await;
+    let pp = PostParams::default();
+    let mut web = leader("web", http_spec());
+    web.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("tier".into(), "gold".into());
+    e.remote_svc.create(&pp, &web).await.unwrap();
+    e.remote_slices
+        .create(&pp, &remote_slice("web", "web-a", &ips(2, 45)))
+        .await
+        .unwrap();
+    let d = start(&e, &[]).await;
+    wait_ips(&e, "web", &ips(2, 45)).await;
+    let has_tier = |l: &BTreeMap<String, String>| l.get("tier").map(String::as_str) == Some("gold");
+    let f = eventually("the follower", WAIT, || present(&e.local_svc, "web")).await;
+    assert!(has_tier(f.labels()), "{:?}", f.labels());
+
+    // someone adds a label of their own to the follower
+    let mine = json!({"metadata": {"labels": {"team": "payments"}}});
+    e.local_svc
+        .patch("web", &PatchParams::default(), &Patch::Merge(mine))
+        .await
+        .unwrap();
+    // the leader drops "tier"
+    let drop_tier = json!({"metadata": {"labels": {"tier": null}}});
+    e.remote_svc
+        .patch("web", &PatchParams::default(), &Patch::Merge(drop_tier))
+        .await
+        .unwrap();
+    let f = eventually("tier gone from the follower Service", WAIT, || async {
+        let f = present(&e.local_svc, "web").await?;
+        if has_tier(f.labels()) {
+            Err(format!("{:?}", f.labels()))
+        } else {
+            Ok(f)
+        }
+    })
+    .await;
+    assert_eq!(
+        f.labels().get("team").map(String::as_str),
+        Some("payments"),
+        "a label added locally is kept"
+    );
+    assert_eq!(f.labels().get("app").map(String::as_str), Some("web"));
+    eventually("tier gone from the follower slices", WAIT, || async {
+        let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+        let list = e.local_slices.list(&lp).await.map_err(|e| e.to_string())?;
+        match list.items.iter().find(|s| has_tier(s.labels())) {
+            Some(s) => Err(format!("{:?}", s.labels())),
+            None if list.items.is_empty() => Err("no slices".into()),
+            None => Ok(()),
+        }
+    })
+    .await;
+    drop(d);
+}

@@ -165,6 +165,7 @@ pub(crate) fn desired_endpoints(
         labels.insert(SKIP_MIRROR_LABEL.to_string(), "true".to_string());
     }
     let mut annotations = meta::origin_annotations(namespace, name, opts);
+    meta::record_copied_labels(&mut annotations, service_labels, opts);
     if truncated {
         annotations.insert(
             OVER_CAPACITY_ANNOTATION.to_string(),
@@ -235,9 +236,8 @@ fn normalised_subsets(subsets: Option<&Vec<EndpointSubset>>) -> Vec<SubsetNorm> 
 /// annotation, which we set only sometimes, are also removed when the desired object lacks them.
 pub fn endpoints_change(actual: &Endpoints, desired: &Endpoints) -> Option<Endpoints> {
     let (a, d) = (&actual.metadata, &desired.metadata);
-    let unchanged = meta::map_contains(a.labels.as_ref(), d.labels.as_ref())
+    let unchanged = meta::metadata_matches(a, d)
         && meta::conditional_key_matches(a.labels.as_ref(), d.labels.as_ref(), SKIP_MIRROR_LABEL)
-        && meta::map_contains(a.annotations.as_ref(), d.annotations.as_ref())
         && meta::conditional_key_matches(
             a.annotations.as_ref(),
             d.annotations.as_ref(),
@@ -251,9 +251,8 @@ pub fn endpoints_change(actual: &Endpoints, desired: &Endpoints) -> Option<Endpo
     }
     let mut updated = actual.clone();
     let m = &mut updated.metadata;
-    meta::merge_map(&mut m.labels, d.labels.as_ref());
+    meta::merge_metadata(m, d);
     meta::sync_conditional_key(&mut m.labels, d.labels.as_ref(), SKIP_MIRROR_LABEL);
-    meta::merge_map(&mut m.annotations, d.annotations.as_ref());
     meta::sync_conditional_key(
         &mut m.annotations,
         d.annotations.as_ref(),
@@ -315,7 +314,8 @@ mod tests {
         assert_eq!(labels["fair.com/cross-cluster"], "follower");
         assert_eq!(labels["app"], "web");
         let annotations = ep.metadata.annotations.as_ref().unwrap();
-        assert_eq!(annotations.len(), 2);
+        assert_eq!(annotations.len(), 3);
+        assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "app");
         assert_eq!(
             annotations["fair.com/cross-cluster-origin-cluster"],
             "remote-a"
@@ -584,6 +584,23 @@ mod tests {
         let mut live_empty = live(&empty);
         live_empty.subsets = None;
         assert_eq!(endpoints_change(&live_empty, &empty), None);
+    }
+
+    #[test]
+    fn a_label_dropped_by_the_leader_leaves_the_endpoints_too() {
+        let remote = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+        let mut tiered = cluster_ip_service();
+        let labels = tiered.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("tier".into(), "gold".into());
+        let o = opts(EndpointsMode::Endpoints);
+        let before = follower(&tiered, &[&remote], &o).unwrap();
+        let actual = live(&before.endpoints.unwrap()); // also carries a local label "team"
+        let after = run(&[&remote]);
+        let updated = endpoints_change(&actual, &after).expect("the label must go");
+        let labels = updated.metadata.labels.as_ref().unwrap();
+        assert!(!labels.contains_key("tier"), "{labels:?}");
+        assert_eq!(labels["team"], "someone-else");
+        assert_eq!(endpoints_change(&updated, &after), None);
     }
 
     #[test]

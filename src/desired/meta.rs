@@ -22,6 +22,73 @@ pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> Str
     labels
 }
 
+/// The annotation recording which label keys we copied from the leader: comma-separated, sorted.
+/// A key listed there and no longer on the leader is removed from the follower; labels others
+/// added locally are not listed, so they are kept.
+pub(crate) fn record_copied_labels(
+    annotations: &mut StringMap,
+    labels: &StringMap,
+    opts: &Options,
+) {
+    let keys: Vec<&str> = labels
+        .keys()
+        .map(String::as_str)
+        .filter(|k| *k != opts.label_key)
+        .collect();
+    annotations.insert(opts.copied_labels_annotation(), keys.join(","));
+}
+
+/// The copied-labels annotation among a desired object's annotations (all of which are ours).
+fn copied_labels_key(desired: &ObjectMeta) -> Option<&str> {
+    desired
+        .annotations
+        .as_ref()?
+        .keys()
+        .map(String::as_str)
+        .find(|k| k.ends_with(super::COPIED_LABELS_SUFFIX))
+}
+
+/// Labels the live object got from its leader at our last write that the leader has dropped.
+fn dropped_labels<'a>(actual: &'a ObjectMeta, desired: &ObjectMeta) -> Vec<&'a str> {
+    let Some(record) =
+        copied_labels_key(desired).and_then(|key| actual.annotations.as_ref()?.get(key))
+    else {
+        return Vec::new();
+    };
+    let desired_labels = desired.labels.as_ref();
+    let actual_labels = actual.labels.as_ref();
+    record
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .filter(|k| !desired_labels.is_some_and(|d| d.contains_key(*k)))
+        .filter(|k| actual_labels.is_some_and(|a| a.contains_key(*k)))
+        .collect()
+}
+
+/// Whether the live object's labels and annotations are as desired: every desired entry
+/// present, and no label left over that the leader dropped.
+pub(crate) fn metadata_matches(actual: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    map_contains(actual.labels.as_ref(), desired.labels.as_ref())
+        && map_contains(actual.annotations.as_ref(), desired.annotations.as_ref())
+        && dropped_labels(actual, desired).is_empty()
+}
+
+/// Sets the desired labels and annotations on `actual`, removes the labels the leader dropped,
+/// and keeps everything else (what others added locally).
+pub(crate) fn merge_metadata(actual: &mut ObjectMeta, desired: &ObjectMeta) {
+    let dropped: Vec<String> = dropped_labels(actual, desired)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    if let Some(labels) = actual.labels.as_mut() {
+        for k in &dropped {
+            labels.remove(k);
+        }
+    }
+    merge_map(&mut actual.labels, desired.labels.as_ref());
+    merge_map(&mut actual.annotations, desired.annotations.as_ref());
+}
+
 /// Origin-cluster and origin-object annotations (the ones every follower object carries).
 pub(crate) fn origin_annotations(namespace: &str, name: &str, opts: &Options) -> StringMap {
     let mut annotations = StringMap::new();

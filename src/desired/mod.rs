@@ -40,6 +40,8 @@ pub const FOLLOWER_VALUE: &str = "follower";
 
 /// Label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Suffix of the annotation recording the label keys copied from the leader.
+pub const COPIED_LABELS_SUFFIX: &str = "copied-labels";
 /// `endpointslice.kubernetes.io/managed-by` of the slices kube-controller-manager makes for
 /// selector Services.
 pub const KCM_SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
@@ -118,6 +120,11 @@ impl Options {
     /// Annotation holding `namespace/name` of the remote leader Service.
     pub fn origin_object_annotation(&self) -> String {
         self.annotation("origin-object")
+    }
+
+    /// Annotation listing the label keys copied from the leader (see `record_copied_labels`).
+    pub fn copied_labels_annotation(&self) -> String {
+        self.annotation(COPIED_LABELS_SUFFIX)
     }
 
     /// Annotation holding the uid of the remote leader Service.

@@ -62,16 +62,18 @@ pub(crate) fn desired_service(
         }
     }
 
+    let labels = meta::follower_labels(remote.metadata.labels.as_ref(), opts);
     let mut annotations = meta::origin_annotations(namespace, name, opts);
     if let Some(uid) = remote.metadata.uid.as_ref() {
         annotations.insert(opts.origin_uid_annotation(), uid.clone());
     }
+    meta::record_copied_labels(&mut annotations, &labels, opts);
 
     Service {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
-            labels: Some(meta::follower_labels(remote.metadata.labels.as_ref(), opts)),
+            labels: Some(labels),
             annotations: Some(annotations),
             ..ObjectMeta::default()
         },
@@ -208,20 +210,13 @@ pub fn service_change(actual: &Service, desired: &Service) -> ServiceChange {
         || desired_spec.ip_family_policy == actual_spec.ip_family_policy;
     let unchanged = actual_managed == desired_managed
         && family_policy_matches
-        && meta::map_contains(
-            actual.metadata.labels.as_ref(),
-            desired.metadata.labels.as_ref(),
-        )
-        && meta::map_contains(
-            actual.metadata.annotations.as_ref(),
-            desired.metadata.annotations.as_ref(),
-        );
+        && meta::metadata_matches(&actual.metadata, &desired.metadata);
     if unchanged {
         return ServiceChange::Unchanged;
     }
 
     let mut updated = actual.clone();
-    merge_metadata(&mut updated.metadata, &desired.metadata);
+    meta::merge_metadata(&mut updated.metadata, &desired.metadata);
     let spec = updated.spec.get_or_insert_with(ServiceSpec::default);
     if actual_managed.type_ != desired_managed.type_ {
         // Fields only valid for NodePort/LoadBalancer Services; we never set them.
@@ -243,11 +238,6 @@ pub fn service_change(actual: &Service, desired: &Service) -> ServiceChange {
         spec.ip_family_policy = desired_spec.ip_family_policy.clone();
     }
     ServiceChange::Update(Box::new(updated))
-}
-
-fn merge_metadata(actual: &mut ObjectMeta, desired: &ObjectMeta) {
-    meta::merge_map(&mut actual.labels, desired.labels.as_ref());
-    meta::merge_map(&mut actual.annotations, desired.annotations.as_ref());
 }
 
 #[cfg(test)]
@@ -355,7 +345,8 @@ mod tests {
         assert_eq!(labels["fair.com/cross-cluster"], "follower");
         assert_eq!(labels["app"], "web");
         let annotations = desired.metadata.annotations.as_ref().unwrap();
-        assert_eq!(annotations.len(), 3, "{annotations:?}");
+        assert_eq!(annotations.len(), 4, "{annotations:?}");
+        assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "app");
         assert_eq!(
             annotations["fair.com/cross-cluster-origin-cluster"],
             "remote-a"
@@ -653,6 +644,64 @@ mod tests {
             }
             other => panic!("expected update, got {other:?}"),
         }
+    }
+
+    /// The leader `labels`, as its follower would be desired.
+    fn desired_with_labels(labels: &[(&str, &str)]) -> Service {
+        let mut leader = cluster_ip_service();
+        let l = leader.metadata.labels.get_or_insert_with(Default::default);
+        for (k, v) in labels {
+            l.insert(k.to_string(), v.to_string());
+        }
+        desired_of(&leader)
+    }
+
+    #[test]
+    fn a_label_dropped_by_the_leader_is_dropped_and_local_labels_stay() {
+        let before = desired_with_labels(&[("tier", "gold")]);
+        let mut live = as_created(&before);
+        // someone adds a label locally
+        live.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "payments".into());
+        assert_eq!(
+            service_change(&live, &before),
+            ServiceChange::Unchanged,
+            "a local label is not a difference"
+        );
+        // the leader drops "tier"
+        let after = desired_with_labels(&[]);
+        let ServiceChange::Update(updated) = service_change(&live, &after) else {
+            panic!("a dropped leader label is a difference");
+        };
+        let labels = updated.metadata.labels.as_ref().unwrap();
+        assert!(!labels.contains_key("tier"), "{labels:?}");
+        assert_eq!(labels["team"], "payments", "the local label is kept");
+        assert_eq!(labels["app"], "web");
+        assert_eq!(
+            updated.metadata.annotations.as_ref().unwrap()["fair.com/cross-cluster-copied-labels"],
+            "app"
+        );
+        assert_eq!(service_change(&updated, &after), ServiceChange::Unchanged);
+    }
+
+    #[test]
+    fn a_follower_without_a_record_keeps_its_labels() {
+        // written before copied labels were recorded (or by the Go controller): a label the
+        // leader no longer has cannot be told from a local one, so it stays
+        let mut live = as_created(&desired_with_labels(&[("tier", "gold")]));
+        live.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove("fair.com/cross-cluster-copied-labels");
+        let ServiceChange::Update(updated) = service_change(&live, &desired_with_labels(&[]))
+        else {
+            panic!("the record is added");
+        };
+        assert_eq!(updated.metadata.labels.as_ref().unwrap()["tier"], "gold");
     }
 
     #[test]

@@ -216,7 +216,8 @@ pub(crate) fn desired_slices(
     labels.insert(SERVICE_NAME_LABEL.to_string(), name.to_string());
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
     labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
-    let annotations = meta::origin_annotations(namespace, name, opts);
+    let mut annotations = meta::origin_annotations(namespace, name, opts);
+    meta::record_copied_labels(&mut annotations, service_labels, opts);
 
     let mut slices = Vec::new();
     for group in groups {
@@ -301,30 +302,18 @@ pub fn slice_change(actual: &EndpointSlice, desired: &EndpointSlice) -> Option<E
         replacement.metadata.resource_version = actual.metadata.resource_version.clone();
         return Some(replacement);
     }
-    let unchanged = meta::map_contains(
-        actual.metadata.labels.as_ref(),
-        desired.metadata.labels.as_ref(),
-    ) && meta::map_contains(
-        actual.metadata.annotations.as_ref(),
-        desired.metadata.annotations.as_ref(),
-    ) && meta::owners_match(
-        actual.metadata.owner_references.as_deref(),
-        desired.metadata.owner_references.as_deref(),
-    ) && normalised_ports(actual.ports.as_ref())
-        == normalised_ports(desired.ports.as_ref())
+    let unchanged = meta::metadata_matches(&actual.metadata, &desired.metadata)
+        && meta::owners_match(
+            actual.metadata.owner_references.as_deref(),
+            desired.metadata.owner_references.as_deref(),
+        )
+        && normalised_ports(actual.ports.as_ref()) == normalised_ports(desired.ports.as_ref())
         && normalised_endpoints(&actual.endpoints) == normalised_endpoints(&desired.endpoints);
     if unchanged {
         return None;
     }
     let mut updated = actual.clone();
-    meta::merge_map(
-        &mut updated.metadata.labels,
-        desired.metadata.labels.as_ref(),
-    );
-    meta::merge_map(
-        &mut updated.metadata.annotations,
-        desired.metadata.annotations.as_ref(),
-    );
+    meta::merge_metadata(&mut updated.metadata, &desired.metadata);
     meta::merge_owners(
         &mut updated.metadata.owner_references,
         desired.metadata.owner_references.as_deref(),
@@ -384,7 +373,8 @@ mod tests {
         assert_eq!(labels["fair.com/cross-cluster"], "follower");
         assert_eq!(labels["app"], "web");
         let annotations = s.metadata.annotations.as_ref().unwrap();
-        assert_eq!(annotations.len(), 2);
+        assert_eq!(annotations.len(), 3);
+        assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "app");
         assert_eq!(
             annotations["fair.com/cross-cluster-origin-cluster"],
             "remote-a"
@@ -727,6 +717,23 @@ mod tests {
             .unwrap()
             .remove(MANAGED_BY_LABEL);
         assert!(slice_change(&without_label, &f.slices[0]).is_some());
+    }
+
+    #[test]
+    fn a_label_dropped_by_the_leader_leaves_the_slices_too() {
+        let remote = slice("web-a", "IPv4", web_ports(), many("10.1", 2));
+        let mut tiered = cluster_ip_service();
+        let labels = tiered.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("tier".into(), "gold".into());
+        let o = opts(EndpointsMode::Slices);
+        let before = follower(&tiered, &[&remote], &o).unwrap();
+        let actual = live(&before.slices[0]); // also carries a local label "team"
+        let after = run(&[&remote]);
+        let updated = slice_change(&actual, &after.slices[0]).expect("the label must go");
+        let labels = updated.metadata.labels.as_ref().unwrap();
+        assert!(!labels.contains_key("tier"), "{labels:?}");
+        assert_eq!(labels["team"], "someone-else");
+        assert_eq!(slice_change(&updated, &after.slices[0]), None);
     }
 
     #[test]
