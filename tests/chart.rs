@@ -429,6 +429,12 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     )
     .await
     .unwrap();
+    // a follower that exists before the changes and whose leader stays: the one that could be lost
+    east.create(&pp, &leader("keep")).await.unwrap();
+    eventually("the follower kept throughout", WAIT, || {
+        present(&west, "keep")
+    })
+    .await;
     let before = support::fault::snapshot(&client(LOCAL).await, &[&ns.name]).await;
     east.create(&pp, &leader("web")).await.unwrap();
     east.create(&pp, &leader("shadow")).await.unwrap();
@@ -492,9 +498,11 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         .into_iter()
         .filter(|o| o.starts_with("Service "))
         .collect();
-    // the snapshot was taken before any follower existed here, so this counts followers that
-    // existed then and are gone now, whose leader still exists: none can be, by construction
-    let lost = before.followers_lost(&after, &BTreeSet::new());
+    let lost = support::fault::Lost::since(&before, &after, &BTreeSet::from(["keep".to_string()]));
+    assert_eq!(
+        lost.checked, 1,
+        "the kept follower was there before the changes"
+    );
     support::fault::conclude(
         support::fault::Report {
             id: "72-security-rbac",

@@ -16,7 +16,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for, with_args, with_flag};
-use support::fault::{Report, conclude, snapshot};
+use support::fault::{Lost, Report, conclude, snapshot};
 use support::{LOCAL, REMOTE, bed, client, eventually, namespace, namespace_in, obj, present};
 
 const KEY: &str = "fair.com/cross-cluster";
@@ -469,11 +469,12 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     assert_eq!(
         keys,
         BTreeSet::from([
+            "fair.com/cross-cluster-copied-labels",
             "fair.com/cross-cluster-origin-cluster",
             "fair.com/cross-cluster-origin-object",
             "fair.com/cross-cluster-origin-uid"
         ]),
-        "remote annotations are not copied"
+        "remote annotations are not copied (ours only)"
     );
     let f = local_svc.get("unnamed-port").await.unwrap();
     let ports = f.spec.unwrap().ports.unwrap();
@@ -547,7 +548,7 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
 
     let after = snapshot(&l, &[&ns.name]).await;
     let alive: BTreeSet<String> = leaders.iter().map(|s| s.name_any()).collect();
-    let lost = mid.followers_lost(&after, &alive);
+    let lost = Lost::since(&mid, &after, &alive);
     let touched = before.non_followers_touched(&after);
     assert_eq!(
         after.followers(),
@@ -742,7 +743,7 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
         local_slices(&local_sl, &shadowed).await.unwrap().is_empty(),
         "no slices written for the shadowed leader"
     );
-    let lost = mid.followers_lost(&after, &BTreeSet::from([mirrored_name.clone()]));
+    let lost = Lost::since(&mid, &after, &BTreeSet::from([mirrored_name.clone()]));
     let touched = before.non_followers_touched(&after);
     let conflicts = d.metric("xcc_conflicts_total", &[]);
     conclude(
@@ -910,7 +911,7 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
                 line.chars().take(300).collect::<String>()
             ),
         },
-        &[],
+        &Lost::nothing_to_lose(),
         &touched,
     );
 }
@@ -1055,7 +1056,7 @@ async fn at_trace_level_the_log_holds_no_part_of_the_client_certificate_or_key()
     );
 
     let after = snapshot(&l, &[&ns.name]).await;
-    let lost = mid.followers_lost(&after, &BTreeSet::from(["web".to_string()]));
+    let lost = Lost::since(&mid, &after, &BTreeSet::from(["web".to_string()]));
     let touched = before.non_followers_touched(&after);
     conclude(
         Report {

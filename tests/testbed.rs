@@ -158,3 +158,106 @@ async fn an_endpoint_slice_holds_at_most_1000_endpoints() {
         other => panic!("expected 422 Invalid for 1001 endpoints, got {other:?}"),
     }
 }
+
+/// Runs a bash script with testbed/proc.sh sourced; panics with its output unless it exits 0.
+fn with_proc_sh(script: &str) {
+    let proc_sh = support::repo_root().join("testbed/proc.sh");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -euo pipefail\nsource '{}'\ndir=$(mktemp -d)\n\
+             trap 'kill -KILL $(jobs -p) 2>/dev/null || true; rm -rf \"$dir\"' EXIT\n\
+             # the interpreter itself, not a shim that execs it (its command line is what is matched)\n\
+             py=$(python3 -c 'import sys; print(sys.executable)')\n{script}",
+            proc_sh.display()
+        ))
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The bed judged start-up liveness by /proc/PID/cmdline, which right after `setsid ... &` can
+/// still show the shell or setsid: a process that had not exec'd yet read as "exited during
+/// start-up" (a CI failure on a loaded machine). Here the exec is held back on purpose.
+#[test]
+fn a_bed_process_is_alive_before_during_and_after_its_exec() {
+    with_proc_sh(
+        r#"
+mkfifo "$dir/go"
+setsid bash -c 'read -r _ <"$1"; exec "$0" -c "import time; time.sleep(300)" --cluster-mark' "$py" "$dir/go" </dev/null >/dev/null 2>&1 &
+proc_record $! "$dir/p.pid"
+read -r pid _ <"$dir/p.pid"
+proc_alive "$dir/p.pid" || { echo "not alive before its exec"; exit 1; }
+if proc_is "$dir/p.pid" "$py" "--cluster-mark"; then echo "is the binary before its exec"; exit 1; fi
+echo go >"$dir/go"
+for _ in $(seq 1 300); do proc_is "$dir/p.pid" "$py" "--cluster-mark" && break; sleep 0.1; done
+proc_is "$dir/p.pid" "$py" "--cluster-mark" || { echo "not recognised after its exec: $(tr '\0' ' ' </proc/$pid/cmdline)"; exit 1; }
+proc_signal "$dir/p.pid" "$py" "--cluster-mark" TERM
+[ ! -e "$dir/p.pid" ] || { echo "pidfile kept"; exit 1; }
+[ "$(proc_state "$pid")" = "" ] || [ "$(proc_state "$pid")" = Z ] || { echo "still running"; exit 1; }
+"#,
+    );
+}
+
+/// A stale pidfile must never reach another process: not one that got the same PID later (other
+/// start time), and not one of another cluster (its command line lacks this cluster's mark).
+#[test]
+fn a_bed_pidfile_never_names_a_reused_pid_or_another_clusters_process() {
+    with_proc_sh(
+        r#"
+setsid "$py" -c "import time; time.sleep(300)" --data-dir /bed/other/etcd </dev/null >/dev/null 2>&1 &
+other=$!
+proc_record "$other" "$dir/other.pid"
+for _ in $(seq 1 300); do proc_is "$dir/other.pid" "$py" "--data-dir /bed/other/etcd" && break; sleep 0.1; done
+proc_is "$dir/other.pid" "$py" "--data-dir /bed/other/etcd" || { echo "the other process never started"; exit 1; }
+start=$(proc_start "$other")
+# the same PID with another start time: what a pidfile left by an ended process looks like
+# once the kernel hands its PID to a new one
+echo "$other $((start - 1))" >"$dir/reused.pid"
+if proc_alive "$dir/reused.pid"; then echo "a reused PID reads as alive"; exit 1; fi
+proc_signal "$dir/reused.pid" "$py" "--data-dir /bed/mine/etcd" KILL
+# the right PID and start time, but the command line is another cluster's
+cp "$dir/other.pid" "$dir/mine.pid"
+if proc_is "$dir/mine.pid" "$py" "--data-dir /bed/mine/etcd"; then echo "matched another cluster"; exit 1; fi
+proc_signal "$dir/mine.pid" "$py" "--data-dir /bed/mine/etcd" KILL
+# the prefix of another cluster's directory is not this cluster's
+if proc_is "$dir/other.pid" "$py" "--data-dir /bed/oth"; then echo "matched a prefix"; exit 1; fi
+proc_alive "$dir/other.pid" || { echo "another cluster's process was signalled"; exit 1; }
+proc_signal "$dir/other.pid" "$py" "--data-dir /bed/other/etcd" KILL
+"#,
+    );
+}
+
+/// A metric assertion must not pass on a page that lacks the metric: a renamed metric, or a page
+/// that is not the daemon's, would otherwise read as 0 and make `== 0` assertions vacuous.
+#[test]
+fn a_metric_read_fails_when_its_family_is_not_published() {
+    use support::daemon::metric_value;
+    let page = "# HELP xcc_writes Writes.\n# TYPE xcc_writes counter\n\
+                xcc_writes_total{kind=\"Service\",verb=\"create\"} 2\n\
+                xcc_writes_total{kind=\"Service\",verb=\"update\"} 3\n\
+                # HELP xcc_conflicts Conflicts.\n# TYPE xcc_conflicts counter\n# EOF\n";
+    assert_eq!(metric_value(page, "xcc_writes_total", &[]), Ok(5.0));
+    assert_eq!(
+        metric_value(page, "xcc_writes_total", &["verb=\"update\""]),
+        Ok(3.0)
+    );
+    assert_eq!(
+        metric_value(page, "xcc_conflicts_total", &[]),
+        Ok(0.0),
+        "published, never incremented"
+    );
+    assert!(metric_value(page, "xcc_writes_renamed_total", &[]).is_err());
+    assert!(metric_value("", "xcc_writes_total", &[]).is_err());
+    let apiserver =
+        "# TYPE apiserver_request_total counter\napiserver_request_total{verb=\"LIST\"} 7\n";
+    assert_eq!(
+        metric_value(apiserver, "apiserver_request_total", &[]),
+        Ok(7.0)
+    );
+}

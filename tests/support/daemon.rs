@@ -122,17 +122,31 @@ impl Daemon {
         Ok((code, text))
     }
 
+    /// The /metrics page; a failed scrape is an error, never an empty page (which would read
+    /// every counter as 0).
+    pub fn try_metrics(&self) -> Result<String, String> {
+        match self.get("/metrics") {
+            Ok((200, body)) => Ok(body),
+            Ok((code, body)) => Err(format!("scrape of /metrics answered {code}: {body}")),
+            Err(e) => Err(format!("scrape of /metrics failed: {e}")),
+        }
+    }
+
+    /// The /metrics page; panics when the scrape fails.
     pub fn metrics(&self) -> String {
-        self.get("/metrics").map(|(_, b)| b).unwrap_or_default()
+        self.try_metrics()
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
 
     pub fn readyz(&self) -> Result<(u16, String), String> {
         self.get("/readyz")
     }
 
-    /// Sum of the samples of a metric whose line contains every one of `filters`.
+    /// Sum of the samples of a metric whose line contains every one of `filters`. Panics when the
+    /// scrape fails or the daemon publishes no such metric family (a renamed metric must not
+    /// read as 0).
     pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
-        metric_value(&self.metrics(), name, filters)
+        metric_value(&self.metrics(), name, filters).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Waits until a counter reaches `at_least` (the daemon counts a write just after the API
@@ -142,11 +156,13 @@ impl Daemon {
             &format!("{name}{filters:?} >= {at_least}"),
             Duration::from_secs(60),
             || async {
-                let v = self.metric(name, filters);
-                if v >= at_least {
-                    Ok(v)
-                } else {
-                    Err(format!("{v}\n{}", self.logs()))
+                let v = self
+                    .try_metrics()
+                    .and_then(|text| metric_value(&text, name, filters));
+                match v {
+                    Ok(v) if v >= at_least => Ok(v),
+                    Ok(v) => Err(format!("{v}\n{}", self.logs())),
+                    Err(e) => Err(format!("{e}\n{}", self.logs())),
                 }
             },
         )
@@ -248,9 +264,27 @@ fn samples<'a>(
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
 }
 
-/// Sum of a counter's samples; a counter never incremented is absent and counts as 0.
-pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> f64 {
-    samples(text, name, filters).fold(0.0, |a, b| a + b)
+/// The family a sample name belongs to (prometheus-client exposes a counter `x` as samples
+/// `x_total`; the API server names the family `x_total` itself).
+fn family_of(name: &str) -> &str {
+    name.strip_suffix("_total").unwrap_or(name)
+}
+
+/// Sum of a metric's samples. A labelled counter never incremented has no sample and counts as 0,
+/// but only when its family is published (`# TYPE <family> ...`); an absent family is an error.
+pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> Result<f64, String> {
+    let family = family_of(name);
+    let published = text.lines().any(|l| {
+        l.strip_prefix("# TYPE ")
+            .and_then(|rest| rest.split(' ').next())
+            .is_some_and(|f| f == family || f == name)
+    });
+    if !published {
+        return Err(format!(
+            "the daemon publishes no metric family {family} (renamed, or a page that is not the daemon's):\n{text}"
+        ));
+    }
+    Ok(samples(text, name, filters).fold(0.0, |a, b| a + b))
 }
 
 /// One gauge sample; absence is not zero.

@@ -145,21 +145,51 @@ struct Row<'a> {
     done: &'a str,
     converge_s: Option<f64>,
     note: &'a str,
-    objects_lost: usize,
+    /// None where no follower whose leader lives on existed before the fault (nothing to lose:
+    /// the report shows n/a rather than a 0 that could not have been anything else)
+    objects_lost: Option<usize>,
+    /// followers the count was taken over
+    followers_checked: usize,
     non_followers_touched: usize,
+}
+
+/// What a case checked for lost followers: the followers present before the fault whose leader
+/// still exists, and those of them that were gone (or re-made) afterwards.
+pub struct Lost {
+    pub checked: usize,
+    pub lost: Vec<String>,
+}
+
+impl Lost {
+    /// For a case in which no follower could be lost (none existed before it).
+    pub fn nothing_to_lose() -> Self {
+        Lost {
+            checked: 0,
+            lost: Vec::new(),
+        }
+    }
+
+    /// Between two snapshots; `alive` names the leaders that still exist.
+    pub fn since(before: &Snapshot, after: &Snapshot, alive: &BTreeSet<String>) -> Self {
+        Lost {
+            checked: before.followers().intersection(alive).count(),
+            lost: before.followers_lost(after, alive),
+        }
+    }
 }
 
 /// Records the case's row with its two counts, then asserts both are zero: followers lost whose
 /// leader exists, and non-followers touched. Recorded first, so a failing case still leaves its
 /// figures behind.
-pub fn conclude(report: Report, lost: &[String], touched: &[String]) {
+pub fn conclude(report: Report, lost: &Lost, touched: &[String]) {
     let row = Row {
         id: report.id,
         scenario: report.scenario,
         done: report.done,
         converge_s: report.converge.map(secs),
         note: &report.note,
-        objects_lost: lost.len(),
+        objects_lost: (lost.checked > 0).then_some(lost.lost.len()),
+        followers_checked: lost.checked,
         non_followers_touched: touched.len(),
     };
     let dir = repo_root().join("target/reliability");
@@ -170,8 +200,9 @@ pub fn conclude(report: Report, lost: &[String], touched: &[String]) {
     )
     .expect("write report row");
     assert!(
-        lost.is_empty(),
-        "followers lost whose leader exists: {lost:?}"
+        lost.lost.is_empty(),
+        "followers lost whose leader exists: {:?}",
+        lost.lost
     );
     assert!(touched.is_empty(), "non-followers touched: {touched:?}");
 }
@@ -186,7 +217,7 @@ pub fn conclude_since(
 ) {
     conclude(
         report,
-        &before.followers_lost(after, alive),
+        &Lost::since(before, after, alive),
         &before.non_followers_touched(after),
     );
 }
