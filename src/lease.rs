@@ -319,3 +319,165 @@ mod leadership_tests {
         assert!(!l.is_leader());
     }
 }
+
+/// The election's requests, against a mock API server (see `fixtures`).
+#[cfg(test)]
+mod election_tests {
+    use super::*;
+    use crate::fixtures::{self, ApiServer, created, get, ok, post, put, status, within};
+    use serde_json::{Value, json};
+    use std::sync::{Arc, Mutex};
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ccc/leases";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ccc/leases/ccc-leader";
+
+    fn cfg() -> LeaseConfig {
+        // long enough that no second round starts while a test runs
+        LeaseConfig {
+            namespace: "ccc".into(),
+            name: "ccc-leader".into(),
+            identity: "me".into(),
+            duration: Duration::from_secs(60),
+        }
+    }
+
+    fn lease(holder: Option<&str>, resource_version: &str, transitions: i32) -> Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "ccc-leader", "namespace": "ccc",
+                         "resourceVersion": resource_version},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 60,
+                     "acquireTime": "2025-01-01T00:00:00.000000Z",
+                     "renewTime": "2025-01-01T00:00:00.000000Z",
+                     "leaseTransitions": transitions},
+        })
+    }
+
+    struct Election {
+        api: ApiServer,
+        leadership: Leadership,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        changes: Arc<Mutex<Vec<bool>>>,
+    }
+
+    fn start() -> Election {
+        let (client, api) = fixtures::client("local");
+        let shutdown = CancellationToken::new();
+        let changes = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&changes);
+        let (leadership, task) = elect(client, cfg(), shutdown.clone(), move |l| {
+            seen.lock().unwrap().push(l)
+        });
+        Election {
+            api,
+            leadership,
+            shutdown,
+            task: tokio::spawn(task),
+            changes,
+        }
+    }
+
+    impl Election {
+        /// Waits for the round's publication (the election task's own result, not a sleep).
+        async fn published(&mut self) -> bool {
+            self.api
+                .idle_while("the round's result", self.leadership.changed())
+                .await
+                .unwrap();
+            self.leadership.is_leader()
+        }
+
+        /// No Lease yet: GET (404) then POST with our identity.
+        async fn create_round(&mut self) {
+            self.api.expect(get(LEASE), status(404, "NotFound")).await;
+            let sent = self
+                .api
+                .expect(post(LEASES), created(lease(Some("me"), "1", 0)))
+                .await;
+            assert_eq!(sent.body["metadata"]["name"], "ccc-leader");
+            assert_eq!(sent.body["spec"]["holderIdentity"], "me");
+            assert_eq!(sent.body["spec"]["leaseDurationSeconds"], 60);
+        }
+    }
+
+    #[tokio::test]
+    async fn with_no_lease_the_election_creates_one_with_our_identity_and_leads() {
+        let mut e = start();
+        e.create_round().await;
+        assert!(e.published().await, "the Lease we created is ours");
+        assert_eq!(*e.changes.lock().unwrap(), vec![true]);
+
+        // shutdown: the holder gives the Lease up so another replica takes over at once
+        e.shutdown.cancel();
+        e.api
+            .expect(get(LEASE), ok(lease(Some("me"), "2", 0)))
+            .await;
+        let sent = e.api.expect(put(LEASE), ok(lease(None, "3", 0))).await;
+        assert!(sent.body["spec"]["holderIdentity"].is_null());
+        assert_eq!(sent.body["spec"]["leaseDurationSeconds"], 1);
+        assert_eq!(sent.body["metadata"]["resourceVersion"], "2");
+        within("the election task's end", e.task).await.unwrap();
+        assert!(!e.leadership.is_leader());
+        assert_eq!(*e.changes.lock().unwrap(), vec![true, false]);
+        e.api.assert_idle().await;
+    }
+
+    #[tokio::test]
+    async fn a_lease_held_by_another_replica_is_not_taken_over() {
+        let mut e = start();
+        e.api
+            .expect(get(LEASE), ok(lease(Some("other"), "5", 2)))
+            .await;
+        assert!(!e.published().await);
+        // not the holder: shutting down releases nothing
+        e.shutdown.cancel();
+        within("the election task's end", e.task).await.unwrap();
+        e.api.assert_idle().await;
+        assert!(e.changes.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_taken_over_with_a_compare_and_swap() {
+        let mut e = start();
+        e.api.expect(get(LEASE), ok(lease(None, "9", 3))).await;
+        let sent = e
+            .api
+            .expect(put(LEASE), ok(lease(Some("me"), "10", 4)))
+            .await;
+        assert_eq!(sent.body["spec"]["holderIdentity"], "me");
+        assert_eq!(sent.body["spec"]["leaseTransitions"], 4);
+        assert_eq!(
+            sent.body["metadata"]["resourceVersion"], "9",
+            "the update only succeeds on the version we read"
+        );
+        assert!(e.published().await);
+        e.task.abort();
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_for_a_released_lease_is_not_leadership() {
+        let mut e = start();
+        e.api.expect(get(LEASE), ok(lease(None, "9", 3))).await;
+        e.api.expect(put(LEASE), status(409, "Conflict")).await;
+        assert!(!e.published().await);
+        e.shutdown.cancel();
+        within("the election task's end", e.task).await.unwrap();
+        e.api.assert_idle().await;
+    }
+
+    #[tokio::test]
+    async fn leadership_fails_closed_when_the_election_task_ends() {
+        let mut e = start();
+        e.create_round().await;
+        assert!(e.published().await);
+        // the task dies (a panic, an abort): its last deadline still lies ahead
+        e.task.abort();
+        assert!(within("the aborted task", e.task).await.is_err());
+        assert!(
+            !e.leadership.is_leader(),
+            "an ended election task is not leadership"
+        );
+        e.api.assert_idle().await;
+    }
+}

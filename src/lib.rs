@@ -8,6 +8,8 @@ pub mod cache;
 pub mod clients;
 pub mod desired;
 pub mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod lease;
 pub mod metrics;
 pub mod queue;

@@ -702,3 +702,314 @@ async fn apply_follower(
         Outcome::Unchanged
     })
 }
+
+/// Reconcile decisions against a mock API server (see `fixtures`): each test states every
+/// request a pass must send, in order; any other request fails it.
+#[cfg(test)]
+mod decision_tests {
+    use super::*;
+    use crate::desired::test_support::{cluster_ip_service, endpoint, slice, web_ports};
+    use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL};
+    use crate::fixtures::{
+        self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status,
+    };
+    use serde_json::{Value, json};
+    use tokio::sync::watch;
+
+    const SERVICES: &str = "/api/v1/namespaces/shop/services";
+    const WEB: &str = "/api/v1/namespaces/shop/services/web";
+    const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+
+    struct Setup {
+        ctx: Ctx,
+        api: ApiServer,
+        _lease: watch::Sender<Option<std::time::Instant>>,
+    }
+
+    /// Caches that completed their listings with these objects, and a leading writer.
+    fn setup(
+        leaders: Vec<Service>,
+        remote_slices: Vec<EndpointSlice>,
+        local_services: Vec<Service>,
+        local_slices: Vec<EndpointSlice>,
+    ) -> Setup {
+        let remote = RemoteState::new(fixtures::REMOTE, opts(), vec![]);
+        loaded(&remote.services, leaders);
+        loaded(&remote.slices, remote_slices);
+        loaded(&remote.foreign_slices, []);
+        let local = LocalState::default();
+        loaded(&local.services, local_services);
+        loaded(&local.slices, local_slices);
+        loaded(&local.endpoints, []);
+        let (client, api) = fixtures::client("local");
+        let (tx, leadership) = fixtures::leadership(true);
+        let ctx = fixtures::ctx(client, leadership, vec![Arc::new(remote)], Arc::new(local));
+        Setup {
+            ctx,
+            api,
+            _lease: tx,
+        }
+    }
+
+    fn key() -> Key {
+        Key {
+            remote: fixtures::REMOTE.into(),
+            namespace: "shop".into(),
+            name: "web".into(),
+        }
+    }
+
+    /// The follower the leader `cluster_ip_service()` asks for, as JSON.
+    fn desired_follower() -> Value {
+        let f = desired::follower(&cluster_ip_service(), &[], &opts()).unwrap();
+        serde_json::to_value(&f.service).unwrap()
+    }
+
+    /// The desired follower as the API server holds it.
+    fn live_follower(uid: &str, resource_version: &str) -> Value {
+        let mut v = desired_follower();
+        v["metadata"]["uid"] = json!(uid);
+        v["metadata"]["resourceVersion"] = json!(resource_version);
+        v
+    }
+
+    /// What the events API returns for a created Event.
+    fn event() -> fixtures::Reply {
+        created(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                       "metadata": {"name": "web.1", "namespace": "shop"},
+                       "eventTime": "2025-01-01T00:00:00.000000Z"}))
+    }
+
+    fn local_slice(name: &str, managed_by: &str, origin: &str) -> EndpointSlice {
+        fixtures::obj(json!({
+            "metadata": {"namespace": "shop", "name": name, "uid": format!("uid-{name}"),
+                         "resourceVersion": "4",
+                         "labels": {"fair.com/cross-cluster": "follower",
+                                    "kubernetes.io/service-name": "web",
+                                    MANAGED_BY_LABEL: managed_by},
+                         "annotations": {"fair.com/cross-cluster-origin-cluster": origin}},
+            "addressType": "IPv4", "endpoints": [],
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_409_on_create_of_a_service_that_is_not_a_follower_leads_to_no_further_write() {
+        let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            let sent = s
+                .api
+                .expect(post(SERVICES), status(409, "AlreadyExists"))
+                .await;
+            assert_eq!(
+                sent.body["metadata"]["labels"]["fair.com/cross-cluster"],
+                "follower"
+            );
+            // not in our cache: look before touching
+            let theirs = json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"namespace": "shop", "name": "web", "uid": "uid-theirs",
+                             "resourceVersion": "3", "labels": {"app": "theirs"}},
+                "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}});
+            s.api.expect(get(WEB), ok(theirs)).await;
+            // reported on their object; no PUT, no DELETE
+            let ev = s.api.expect(post(EVENTS), event()).await;
+            assert_eq!(ev.body["reason"], "NotOurFollower");
+            assert_eq!(ev.body["regarding"]["uid"], "uid-theirs");
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Conflict);
+    }
+
+    #[tokio::test]
+    async fn a_local_follower_of_another_remote_is_never_written() {
+        let mut theirs = live_follower("uid-b", "5");
+        theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] =
+            json!("remote-b");
+        theirs["spec"]["ports"][0]["port"] = json!(81);
+        let s = setup(
+            vec![cluster_ip_service()],
+            vec![],
+            vec![fixtures::obj(theirs)],
+            vec![],
+        );
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            let ev = s.api.expect(post(EVENTS), event()).await;
+            assert_eq!(ev.body["reason"], "NotOurFollower");
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Conflict);
+    }
+
+    #[tokio::test]
+    async fn when_the_leader_is_gone_only_what_is_ours_is_deleted() {
+        let s = setup(
+            vec![],
+            vec![],
+            vec![fixtures::obj(live_follower("uid-web", "5"))],
+            vec![
+                local_slice("web-abc", MANAGED_BY, fixtures::REMOTE),
+                // mirrored from an Endpoints object by kube-controller-manager: not ours
+                local_slice(
+                    "web-mirrored",
+                    "endpointslicemirroring-controller.k8s.io",
+                    fixtures::REMOTE,
+                ),
+            ],
+        );
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                          "code": 200, "metadata": {}});
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            let sent = s
+                .api
+                .expect(delete(&format!("{SLICES}/web-abc")), ok(gone.clone()))
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-web-abc");
+            let sent = s.api.expect(delete(WEB), ok(gone.clone())).await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-web");
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Deleted);
+    }
+
+    #[tokio::test]
+    async fn a_follower_of_another_remote_is_not_deleted_when_our_leader_is_gone() {
+        let mut theirs = live_follower("uid-b", "5");
+        theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] =
+            json!("remote-b");
+        let s = setup(
+            vec![],
+            vec![],
+            vec![fixtures::obj(theirs)],
+            vec![local_slice("web-b", MANAGED_BY, "remote-b")],
+        );
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Unchanged);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_decided_before_every_cache_has_listed() {
+        let s = setup(
+            vec![],
+            vec![],
+            vec![fixtures::obj(live_follower("uid-web", "5"))],
+            vec![],
+        );
+        // the local Endpoints watch restarted and has not completed a listing yet
+        *write(&s.ctx.local.endpoints) = Cache::new(crate::cache::by_name::<Endpoints>);
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::NotReady,
+            "an absent leader is not a gone leader until every cache has listed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_409_on_create_of_our_own_follower_updates_the_version_read() {
+        let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+        let mut stale = live_follower("uid-web", "7");
+        stale["spec"]["ports"][0]["port"] = json!(81);
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            s.api
+                .expect(post(SERVICES), status(409, "AlreadyExists"))
+                .await;
+            s.api.expect(get(WEB), ok(stale)).await;
+            let sent = s
+                .api
+                .expect(put(WEB), ok(live_follower("uid-web", "8")))
+                .await;
+            assert_eq!(sent.body["metadata"]["resourceVersion"], "7");
+            assert_eq!(sent.body["metadata"]["uid"], "uid-web");
+            assert_eq!(sent.body["spec"]["ports"][0]["port"], 80);
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Applied);
+        let cached = read(&s.ctx.local.services).named(&key().group()).unwrap();
+        assert_eq!(
+            cached
+                .and_then(|c| c.metadata.resource_version.clone())
+                .as_deref(),
+            Some("8"),
+            "what the server returned is cached at once (write-through)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_gets_its_service_then_slices_owned_by_the_uid_created() {
+        let remote_slice = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+        let s = setup(
+            vec![cluster_ip_service()],
+            vec![remote_slice],
+            vec![],
+            vec![],
+        );
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            s.api
+                .expect(post(SERVICES), created(live_follower("new-uid", "1")))
+                .await;
+            let sent = s
+                .api
+                .expect(
+                    post(SLICES),
+                    created(json!({"metadata": {"namespace": "shop", "name": "web-x",
+                                    "uid": "uid-slice", "resourceVersion": "2"},
+                                   "addressType": "IPv4", "endpoints": []})),
+                )
+                .await;
+            assert_eq!(
+                sent.body["metadata"]["ownerReferences"][0]["uid"],
+                "new-uid"
+            );
+            assert_eq!(
+                sent.body["metadata"]["labels"][MANAGED_BY_LABEL],
+                MANAGED_BY
+            );
+            assert_eq!(sent.body["endpoints"][0]["addresses"][0], "10.0.0.1");
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Applied);
+    }
+
+    #[tokio::test]
+    async fn a_converged_follower_costs_no_request() {
+        let s = setup(
+            vec![cluster_ip_service()],
+            vec![],
+            vec![fixtures::obj(live_follower("uid-web", "5"))],
+            vec![],
+        );
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Unchanged);
+    }
+
+    #[tokio::test]
+    async fn a_missing_namespace_is_reported_not_created_unless_asked() {
+        let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+            s.api.expect(post(SERVICES), status(404, "NotFound")).await;
+            // no local object to attach it to: the Event goes to the fallback reference
+            let ev = s
+                .api
+                .expect(
+                    post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                    event(),
+                )
+                .await;
+            assert_eq!(ev.body["reason"], "NamespaceMissing");
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+    }
+}

@@ -385,3 +385,246 @@ mod tests {
         assert_eq!(got[0].namespace, "watched");
     }
 }
+
+/// Sweep decisions against mock local and remote API servers (see `fixtures`).
+#[cfg(test)]
+mod decision_tests {
+    use super::*;
+    use crate::desired::MANAGED_BY;
+    use crate::fixtures::{
+        self, ApiServer, Expect, Reply, delete, follower_meta, get, metadata_page, ok, opts, run,
+        status,
+    };
+    use crate::reconcile::LocalState;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+    use tokio::sync::watch;
+
+    const FOLLOWERS: &str = "fair.com/cross-cluster=follower";
+    const LEADERS: &str = "fair.com/cross-cluster=true";
+    const PAGE_TIMEOUT: Duration = Duration::from_secs(1);
+
+    struct Setup {
+        ctx: Ctx,
+        local: ApiServer,
+        remote_client: Client,
+        remote: ApiServer,
+        _lease: watch::Sender<Option<Instant>>,
+    }
+
+    fn setup(leader: bool) -> Setup {
+        let (local_client, local) = fixtures::client("local");
+        let (remote_client, remote) = fixtures::client("remote");
+        let (tx, leadership) = fixtures::leadership(leader);
+        let ctx = fixtures::ctx(
+            local_client,
+            leadership,
+            vec![],
+            Arc::new(LocalState::default()),
+        );
+        Setup {
+            ctx,
+            local,
+            remote_client,
+            remote,
+            _lease: tx,
+        }
+    }
+
+    impl Setup {
+        async fn sweep(&self) -> Result<SweepReport> {
+            sweep(
+                &self.ctx,
+                fixtures::REMOTE,
+                &self.remote_client,
+                &opts(),
+                &[],
+                PAGE_TIMEOUT,
+            )
+            .await
+        }
+    }
+
+    fn list(path: &str, selector: &str) -> Expect {
+        get(path)
+            .query("labelSelector", selector)
+            .query("limit", "500")
+            .no_query("continue")
+    }
+
+    fn slice_meta(name: &str, service: &str, managed_by: &str) -> Value {
+        json!({"metadata": {"namespace": "shop", "name": name, "uid": format!("uid-{name}"),
+            "labels": {"fair.com/cross-cluster": "follower",
+                       "kubernetes.io/service-name": service,
+                       "endpointslice.kubernetes.io/managed-by": managed_by},
+            "annotations": {"fair.com/cross-cluster-origin-cluster": fixtures::REMOTE}}})
+    }
+
+    fn leader(name: &str) -> Value {
+        json!({"metadata": {"namespace": "shop", "name": name, "uid": format!("remote-{name}"),
+                            "labels": {"fair.com/cross-cluster": "true"}}})
+    }
+
+    /// The local followers: `kept` (its leader exists), `gone` (its leader does not) with one
+    /// slice of ours and one mirrored by kube-controller-manager, and a follower of another
+    /// remote.
+    async fn local_listings(local: &ApiServer) {
+        let mut north = follower_meta("shop", "north", "uid-north");
+        north["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] =
+            json!("remote-b");
+        let services = [
+            follower_meta("shop", "kept", "uid-kept"),
+            follower_meta("shop", "gone", "uid-gone"),
+            north,
+        ];
+        let sent = local
+            .expect(
+                list("/api/v1/services", FOLLOWERS),
+                metadata_page(&services, None),
+            )
+            .await;
+        assert!(
+            sent.accept
+                .is_some_and(|a| a.contains("PartialObjectMetadataList")),
+            "a sweep lists metadata only"
+        );
+        let slices = [
+            slice_meta("gone-abc", "gone", MANAGED_BY),
+            slice_meta(
+                "gone-mirrored",
+                "gone",
+                "endpointslicemirroring-controller.k8s.io",
+            ),
+        ];
+        local
+            .expect(
+                list("/apis/discovery.k8s.io/v1/endpointslices", FOLLOWERS),
+                metadata_page(&slices, None),
+            )
+            .await;
+        local
+            .expect(
+                list("/api/v1/endpoints", FOLLOWERS),
+                metadata_page(&[], None),
+            )
+            .await;
+    }
+
+    /// The first page of leaders (with `kept`), promising a second.
+    async fn first_remote_page(remote: &ApiServer) {
+        remote
+            .expect(
+                list("/api/v1/services", LEADERS),
+                metadata_page(&[leader("kept")], Some("tok-1")),
+            )
+            .await;
+    }
+
+    fn second_page() -> Expect {
+        get("/api/v1/services")
+            .query("labelSelector", LEADERS)
+            .query("continue", "tok-1")
+    }
+
+    #[tokio::test]
+    async fn a_complete_listing_deletes_exactly_the_confirmed_orphans_with_uid_preconditions() {
+        let s = setup(true);
+        let deleted = json!({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                             "code": 200, "metadata": {}});
+        let report = run(&[&s.local, &s.remote], s.sweep(), async {
+            local_listings(&s.local).await;
+            first_remote_page(&s.remote).await;
+            s.remote
+                .expect(second_page(), metadata_page(&[leader("other")], None))
+                .await;
+            let sent = s
+                .local
+                .expect(
+                    delete("/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/gone-abc"),
+                    ok(deleted.clone()),
+                )
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-gone-abc");
+            let sent = s
+                .local
+                .expect(
+                    delete("/api/v1/namespaces/shop/services/gone"),
+                    ok(deleted.clone()),
+                )
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-gone");
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            (report.leaders, report.followers, report.deleted),
+            (2, 3, 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_remote_page_sends_no_delete() {
+        for what in ["500", "410 expired continue token", "connection error"] {
+            let failure = || match what {
+                "500" => status(500, "InternalError"),
+                "410 expired continue token" => status(410, "Expired"),
+                _ => Reply::ConnectionError,
+            };
+            let s = setup(true);
+            let swept = run(&[&s.local, &s.remote], s.sweep(), async {
+                local_listings(&s.local).await;
+                first_remote_page(&s.remote).await;
+                s.remote.expect(second_page(), failure()).await;
+            })
+            .await;
+            assert!(swept.is_err(), "{what}: the sweep is aborted");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_remote_page_that_hangs_sends_no_delete() {
+        let s = setup(true);
+        let swept = run(&[&s.local, &s.remote], s.sweep(), async {
+            local_listings(&s.local).await;
+            first_remote_page(&s.remote).await;
+            s.remote.expect_hang(second_page()).await;
+        })
+        .await;
+        assert!(matches!(swept, Err(Error::Timeout(_))));
+    }
+
+    #[tokio::test]
+    async fn a_failed_local_listing_lists_no_remote_and_deletes_nothing() {
+        let s = setup(true);
+        let swept = run(&[&s.local, &s.remote], s.sweep(), async {
+            s.local
+                .expect(
+                    list("/api/v1/services", FOLLOWERS),
+                    metadata_page(&[follower_meta("shop", "gone", "uid-gone")], None),
+                )
+                .await;
+            s.local
+                .expect(
+                    list("/apis/discovery.k8s.io/v1/endpointslices", FOLLOWERS),
+                    status(500, "InternalError"),
+                )
+                .await;
+        })
+        .await;
+        assert_eq!(swept.err().and_then(|e| e.api_code()), Some(500));
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_is_not_the_leader_deletes_nothing() {
+        let s = setup(false);
+        let swept = run(&[&s.local, &s.remote], s.sweep(), async {
+            local_listings(&s.local).await;
+            first_remote_page(&s.remote).await;
+            s.remote
+                .expect(second_page(), metadata_page(&[], None))
+                .await;
+        })
+        .await;
+        assert!(matches!(swept, Err(Error::NotLeader)));
+    }
+}

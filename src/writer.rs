@@ -164,3 +164,193 @@ impl Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, ApiServer, created, leadership, ok, run, status};
+    use k8s_openapi::api::core::v1::Service;
+    use serde_json::json;
+
+    const SERVICES: &str = "/api/v1/namespaces/shop/services";
+    const WEB: &str = "/api/v1/namespaces/shop/services/web";
+
+    /// A writer over a mock API server; the returned sender keeps the published leadership.
+    fn writer(
+        leader: bool,
+        dry_run: bool,
+    ) -> (
+        Writer,
+        ApiServer,
+        tokio::sync::watch::Sender<Option<std::time::Instant>>,
+    ) {
+        let (client, api) = fixtures::client("local");
+        let (tx, leadership) = leadership(leader);
+        let w = Writer::new(client, leadership, dry_run, Arc::new(Metrics::default()));
+        (w, api, tx)
+    }
+
+    fn web(resource_version: Option<&str>) -> Service {
+        fixtures::obj(json!({
+            "metadata": {"namespace": "shop", "name": "web", "uid": "uid-web",
+                         "resourceVersion": resource_version},
+            "spec": {"ports": [{"port": 80}]},
+        }))
+    }
+
+    fn writes(w: &Writer, verb: &str) -> u64 {
+        w.metrics
+            .writes
+            .get_or_create(&labels([("kind", "Service"), ("verb", verb)]))
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_is_not_the_leader_sends_nothing() {
+        let (w, api, _lease) = writer(false, false);
+        let svc = web(Some("7"));
+        let (create, replace, delete) = run(
+            &[&api],
+            async {
+                (
+                    w.create(&svc).await,
+                    w.replace(&svc).await,
+                    w.delete::<Service>("shop", "web", "uid-web", "test").await,
+                )
+            },
+            async {},
+        )
+        .await;
+        assert!(matches!(create, Err(Error::NotLeader)));
+        assert!(matches!(replace, Err(Error::NotLeader)));
+        assert!(matches!(delete, Err(Error::NotLeader)));
+        assert_eq!(writes(&w, "create") + writes(&w, "update"), 0);
+    }
+
+    #[tokio::test]
+    async fn an_ended_election_task_refuses_writes() {
+        // the sender dropped: the election task is gone, whatever deadline it last published
+        let (w, api, lease) = writer(true, false);
+        drop(lease);
+        let created = run(&[&api], w.create(&web(None)), async {}).await;
+        assert!(matches!(created, Err(Error::NotLeader)));
+    }
+
+    #[tokio::test]
+    async fn dry_run_sends_nothing() {
+        let (w, api, _lease) = writer(true, true);
+        let svc = web(Some("7"));
+        let (create, replace, delete) = run(
+            &[&api],
+            async {
+                (
+                    w.create(&svc).await,
+                    w.replace(&svc).await,
+                    w.delete::<Service>("shop", "web", "uid-web", "test").await,
+                )
+            },
+            async {},
+        )
+        .await;
+        assert!(matches!(create, Ok(Written::Skipped)));
+        assert!(matches!(replace, Ok(Written::Skipped)));
+        assert!(delete.is_ok());
+    }
+
+    #[tokio::test]
+    async fn create_posts_with_our_field_manager_and_passes_a_409_to_the_caller() {
+        let (w, api, _lease) = writer(true, false);
+        let svc = web(None);
+        let done = run(&[&api], w.create(&svc), async {
+            let sent = api
+                .expect(
+                    fixtures::post(SERVICES).query("fieldManager", FIELD_MANAGER),
+                    created(json!({"metadata": {"namespace": "shop", "name": "web",
+                                   "uid": "new-uid", "resourceVersion": "1"}})),
+                )
+                .await;
+            assert_eq!(sent.body["metadata"]["name"], "web");
+        })
+        .await;
+        match done {
+            Ok(Written::Done(s)) => assert_eq!(s.metadata.uid.as_deref(), Some("new-uid")),
+            _ => panic!("the created Service is returned"),
+        }
+        assert_eq!(writes(&w, "create"), 1);
+
+        // AlreadyExists is the caller's decision (look before touching): not swallowed here
+        let conflict = run(&[&api], w.create(&svc), async {
+            api.expect(fixtures::post(SERVICES), status(409, "AlreadyExists"))
+                .await;
+        })
+        .await;
+        assert_eq!(conflict.err().and_then(|e| e.api_code()), Some(409));
+        assert_eq!(writes(&w, "create"), 1, "a refused write is not counted");
+    }
+
+    #[tokio::test]
+    async fn replace_puts_the_resource_version_it_was_computed_from() {
+        let (w, api, _lease) = writer(true, false);
+        let svc = web(Some("7"));
+        let done = run(&[&api], w.replace(&svc), async {
+            let sent = api
+                .expect(
+                    fixtures::put(WEB).query("fieldManager", FIELD_MANAGER),
+                    ok(json!({"metadata": {"namespace": "shop", "name": "web",
+                              "uid": "uid-web", "resourceVersion": "8"}})),
+                )
+                .await;
+            assert_eq!(
+                sent.body["metadata"]["resourceVersion"], "7",
+                "the PUT is a compare-and-swap on the version it was computed from"
+            );
+        })
+        .await;
+        assert!(matches!(done, Ok(Written::Done(_))));
+    }
+
+    #[tokio::test]
+    async fn replace_without_a_resource_version_is_refused_before_any_request() {
+        let (w, api, _lease) = writer(true, false);
+        let refused = run(&[&api], w.replace(&web(None)), async {}).await;
+        assert!(matches!(refused, Err(Error::Config(_))));
+    }
+
+    #[tokio::test]
+    async fn delete_carries_the_uid_precondition_and_404_counts_as_done() {
+        let (w, api, _lease) = writer(true, false);
+        let delete = || w.delete::<Service>("shop", "web", "uid-web", "test");
+        let done = run(&[&api], delete(), async {
+            let sent = api
+                .expect(
+                    fixtures::delete(WEB),
+                    ok(
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                              "code": 200, "metadata": {}}),
+                    ),
+                )
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-web");
+            assert_eq!(sent.body["propagationPolicy"], "Background");
+        })
+        .await;
+        assert!(done.is_ok());
+        assert_eq!(writes(&w, "delete"), 1);
+
+        let gone = run(&[&api], delete(), async {
+            api.expect(fixtures::delete(WEB), status(404, "NotFound"))
+                .await;
+        })
+        .await;
+        assert!(gone.is_ok(), "already gone is done");
+
+        // another object now holds the name: the precondition fails, and that is an error
+        let replaced = run(&[&api], delete(), async {
+            api.expect(fixtures::delete(WEB), status(409, "Conflict"))
+                .await;
+        })
+        .await;
+        assert_eq!(replaced.err().and_then(|e| e.api_code()), Some(409));
+        assert_eq!(writes(&w, "delete"), 1);
+    }
+}
