@@ -101,7 +101,9 @@ async fn create_ns(c: &Client, name: &str) -> Res<()> {
 }
 
 /// Writes n Services and n slices as fast as the API server takes them; returns the seconds.
+/// Unlabelled ones (`leader` false) are named `other-N`, so they can sit beside the leaders.
 async fn write_all(c: &Client, ns: &str, n: usize, eps: usize, leader: bool) -> Res<f64> {
+    let prefix = if leader { "svc" } else { "other" };
     let svcs: Api<Service> = Api::namespaced(c.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
     let start = Instant::now();
@@ -109,7 +111,7 @@ async fn write_all(c: &Client, ns: &str, n: usize, eps: usize, leader: bool) -> 
         .map(|i| {
             let (svcs, slices) = (svcs.clone(), slices.clone());
             async move {
-                let name = format!("svc-{i}");
+                let name = format!("{prefix}-{i}");
                 svcs.create(&PostParams::default(), &service(&name, leader))
                     .await?;
                 slices
@@ -291,6 +293,9 @@ async fn both_reach(
 #[derive(serde::Serialize, Clone)]
 struct Row {
     services: usize,
+    /// unlabelled Services in the remote namespace, each with a slice that only carries
+    /// `kubernetes.io/service-name` (the slices the daemon's second slice watch receives)
+    unrelated: usize,
     endpoints: usize,
     floor_s: f64,
     converge_s: f64,
@@ -303,16 +308,23 @@ struct Row {
     idle_writes: f64,
 }
 
+/// One scenario's size: labelled leaders, endpoints each, and unlabelled Services beside them.
+struct Size {
+    n: usize,
+    eps: usize,
+    unrelated: usize,
+}
+
 async fn scenario(
     bin: &Path,
     kc: &Path,
     east: &Client,
     west: &Client,
-    n: usize,
-    eps: usize,
+    size: Size,
     tag: &str,
 ) -> Res<Row> {
-    let ns = format!("bench-{tag}-{n}-{eps}");
+    let Size { n, eps, unrelated } = size;
+    let ns = format!("bench-{tag}-{n}-{eps}-{unrelated}");
     let floor_ns = format!("{ns}-floor");
     for c in [east, west] {
         create_ns(c, &ns).await?;
@@ -320,6 +332,10 @@ async fn scenario(
     create_ns(west, &floor_ns).await?;
     eprintln!("[{n} x {eps}] remote setup");
     write_all(east, &ns, n, eps, true).await?;
+    if unrelated > 0 {
+        eprintln!("[{n} x {eps}] {unrelated} unrelated Services and slices");
+        write_all(east, &ns, unrelated, eps, false).await?;
+    }
     eprintln!("[{n} x {eps}] floor");
     let floor = write_all(west, &floor_ns, n, eps, false).await?;
     eprintln!("[{n} x {eps}] floor took {floor:.1}s");
@@ -347,6 +363,7 @@ async fn scenario(
     drop(proc);
     Ok(Row {
         services: n,
+        unrelated,
         endpoints: eps,
         floor_s: floor,
         converge_s: converge,
@@ -598,12 +615,32 @@ async fn main() -> Res<()> {
         .ok()
         .map(|v| v.split(',').filter_map(|e| e.parse().ok()).collect())
         .unwrap_or(vec![3, 100]);
+    // XCC_BENCH_UNRELATED=N runs each scenario a second time with N unrelated Services whose
+    // slices carry only kubernetes.io/service-name (what the second slice watch receives)
+    let unrelated: Vec<usize> = match std::env::var("XCC_BENCH_UNRELATED") {
+        Ok(v) => vec![0, v.parse()?],
+        Err(_) => vec![0],
+    };
     for &n in &sizes {
         for &eps in &endpoints {
-            let (east, west) = fresh_bed(&kc).await?;
-            let row = scenario(&bin, &kc, &east, &west, n, eps, &tag).await?;
-            eprintln!("  -> {}", serde_json::to_string(&row)?);
-            rows.push(row);
+            for &u in &unrelated {
+                let (east, west) = fresh_bed(&kc).await?;
+                let row = scenario(
+                    &bin,
+                    &kc,
+                    &east,
+                    &west,
+                    Size {
+                        n,
+                        eps,
+                        unrelated: u,
+                    },
+                    &tag,
+                )
+                .await?;
+                eprintln!("  -> {}", serde_json::to_string(&row)?);
+                rows.push(row);
+            }
         }
     }
     let (east, west) = fresh_bed(&kc).await?;
@@ -612,12 +649,13 @@ async fn main() -> Res<()> {
     std::fs::write(out.join("convergence.svg"), svg_convergence(&rows))?;
     std::fs::write(out.join("lag.svg"), svg_lag(&lag))?;
     let mut md = String::from(
-        "| services | endpoints each | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| services | unrelated slices | endpoints each | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &rows {
         md += &format!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} ({}) | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} ({}) | {} |\n",
             r.services,
+            r.unrelated,
             r.endpoints,
             r.floor_s,
             r.converge_s,
