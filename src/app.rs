@@ -68,7 +68,7 @@ pub async fn run(args: Args) -> Result<()> {
     args.validate().map_err(Error::Config)?;
     let cron = args.sweep_cron().map_err(Error::Config)?;
     let clients = clients::build(&args).await?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new());
     let shutdown = CancellationToken::new();
     handle_signals(shutdown.clone());
     let sup = Supervisor::new(shutdown.clone());
@@ -117,6 +117,7 @@ pub async fn run(args: Args) -> Result<()> {
                 cluster_name: r.name.clone(),
                 endpoints_mode: args.endpoints_mode.into(),
             };
+            metrics.init_remote(&r.name);
             let state = RemoteState::new(&r.name, opts, args.watch_namespaces.clone());
             (r.clone(), Arc::new(state))
         })

@@ -129,13 +129,67 @@ impl Default for Metrics {
     }
 }
 
+/// The kinds and verbs the writer counts.
+const KINDS: [&str; 3] = ["Service", "EndpointSlice", "Endpoints"];
+const VERBS: [&str; 3] = ["create", "update", "delete"];
+
 impl Metrics {
+    /// A registry with the writer's series at 0; [`Metrics::init_remote`] adds a remote's.
+    pub fn new() -> Self {
+        let m = Self::default();
+        for kind in KINDS {
+            for verb in VERBS {
+                touch(&m.writes, labels([("kind", kind), ("verb", verb)]));
+            }
+        }
+        m
+    }
+
+    /// Puts at 0 every counter series of a remote whose labels are known in advance, as
+    /// Prometheus advises: a counter then reads 0 before its first increment (so `increase()`
+    /// and `absent()` alerts work from the start) instead of being missing from the page.
+    pub fn init_remote(&self, remote: &str) {
+        use crate::desired::Skip;
+        use crate::reconcile::{NAMESPACE_MISSING, Outcome};
+        for outcome in Outcome::LABELS {
+            touch(
+                &self.reconciles,
+                labels([("remote", remote), ("outcome", outcome)]),
+            );
+        }
+        for reason in Skip::REASONS.into_iter().chain([NAMESPACE_MISSING]) {
+            touch(
+                &self.skipped,
+                labels([("remote", remote), ("reason", reason)]),
+            );
+        }
+        for kind in KINDS {
+            touch(
+                &self.conflicts,
+                labels([("remote", remote), ("kind", kind)]),
+            );
+        }
+        for outcome in ["done", "aborted"] {
+            touch(
+                &self.sweeps,
+                labels([("remote", remote), ("outcome", outcome)]),
+            );
+        }
+        touch(&self.sweep_deletions, labels([("remote", remote)]));
+        touch(&self.panics, labels([("remote", remote)]));
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         // writing into a String cannot fail
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Creates the series at 0 if it does not exist.
+fn touch(family: &Family<Labels, Counter>, l: Labels) {
+    drop(family.get_or_create(&l));
 }
 
 pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
@@ -145,6 +199,67 @@ pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::desired::Skip;
+    use crate::reconcile::Outcome;
+
+    #[test]
+    fn every_counter_family_is_published_at_zero_before_its_first_increment() {
+        let m = Metrics::new();
+        m.init_remote("east");
+        let text = m.render();
+        for family in [
+            "reconciles",
+            "writes",
+            "skipped",
+            "conflicts",
+            "sweeps",
+            "sweep_deletions",
+            "reconcile_panics",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE xcc_{family} counter")),
+                "{family} missing:\n{text}"
+            );
+        }
+        assert!(text.contains("xcc_writes_total{kind=\"Endpoints\",verb=\"delete\"} 0"));
+        assert!(text.contains("xcc_sweeps_total{remote=\"east\",outcome=\"aborted\"} 0"));
+        assert!(text.contains("xcc_skipped_total{remote=\"east\",reason=\"NamespaceMissing\"} 0"));
+        assert!(text.contains("xcc_reconciles_total{remote=\"east\",outcome=\"error\"} 0"));
+    }
+
+    #[test]
+    fn the_seeded_label_values_are_the_ones_the_code_uses() {
+        let skips = [
+            Skip::NotLeader {
+                label: String::new(),
+            },
+            Skip::MissingName,
+            Skip::MissingNamespace,
+            Skip::LabelsInvalid {
+                key: String::new(),
+                message: String::new(),
+            },
+            Skip::AnnotationsInvalid {
+                key: String::new(),
+                message: String::new(),
+            },
+            Skip::AnnotationsTooLarge { size: 0, limit: 0 },
+        ];
+        for s in &skips {
+            assert!(Skip::REASONS.contains(&s.reason()), "{}", s.reason());
+        }
+        let outcomes = [
+            Outcome::Applied,
+            Outcome::Deleted,
+            Outcome::Unchanged,
+            Outcome::Skipped("x"),
+            Outcome::Conflict,
+            Outcome::NotReady,
+        ];
+        for o in &outcomes {
+            assert!(Outcome::LABELS.contains(&o.label()), "{}", o.label());
+        }
+    }
 
     #[test]
     fn renders_prometheus_text_with_prefix() {

@@ -262,7 +262,21 @@ pub enum Outcome {
     NotReady,
 }
 
+/// The skip reason of a leader whose local namespace does not exist (yet).
+pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
+
 impl Outcome {
+    /// Every label [`Outcome::label`] returns, and `error` (a pass that failed).
+    pub const LABELS: [&'static str; 7] = [
+        "applied",
+        "deleted",
+        "unchanged",
+        "skipped",
+        "conflict",
+        "not_ready",
+        "error",
+    ];
+
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Applied => "applied",
@@ -596,7 +610,7 @@ async fn namespace_missing(ctx: &Ctx, key: &Key) -> Result<ServiceState> {
         key.namespace
     );
     Ok(ServiceState::Done(
-        ctx.skip(key, "NamespaceMissing", why, None).await,
+        ctx.skip(key, NAMESPACE_MISSING, why, None).await,
     ))
 }
 

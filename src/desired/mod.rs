@@ -197,6 +197,16 @@ pub enum Skip {
 }
 
 impl Skip {
+    /// Every reason [`Skip::reason`] returns.
+    pub const REASONS: [&'static str; 6] = [
+        "NotLeader",
+        "MissingName",
+        "MissingNamespace",
+        "LabelsInvalid",
+        "AnnotationsInvalid",
+        "AnnotationsTooLarge",
+    ];
+
     /// Short CamelCase reason, usable as a Kubernetes Event reason and as a metric label.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -92,12 +92,34 @@ impl Daemon {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start the daemon binary");
-        Daemon {
+        let d = Daemon {
             child: Some(child),
             log,
             admin,
             _dir: dir,
-        }
+        };
+        d.wait_serving().await;
+        d
+    }
+
+    /// Waits until the admin server answers (or the process has exited, which the caller may
+    /// expect), so that a metric read afterwards is a read of a running daemon's page.
+    async fn wait_serving(&self) {
+        eventually(
+            "the daemon's admin server to answer /healthz",
+            Duration::from_secs(30),
+            || async {
+                if self.exited().is_some() {
+                    return Ok(());
+                }
+                match self.get("/healthz") {
+                    Ok((200, _)) => Ok(()),
+                    Ok((code, body)) => Err(format!("{code} {body}")),
+                    Err(e) => Err(format!("{e}\n{}", self.logs())),
+                }
+            },
+        )
+        .await
     }
 
     pub fn logs(&self) -> String {
