@@ -835,11 +835,17 @@ mod decision_tests {
         assert_eq!(outcome, Outcome::Conflict);
     }
 
-    #[tokio::test]
-    async fn a_local_follower_of_another_remote_is_never_written() {
+    /// A live follower whose origin is another remote, remote-b.
+    fn follower_of_remote_b() -> serde_json::Value {
         let mut theirs = live_follower("uid-b", "5");
         theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] =
             json!("remote-b");
+        theirs
+    }
+
+    #[tokio::test]
+    async fn a_local_follower_of_another_remote_is_never_written() {
+        let mut theirs = follower_of_remote_b();
         theirs["spec"]["ports"][0]["port"] = json!(81);
         let s = setup(
             vec![cluster_ip_service()],
@@ -890,9 +896,7 @@ mod decision_tests {
 
     #[tokio::test]
     async fn a_follower_of_another_remote_is_not_deleted_when_our_leader_is_gone() {
-        let mut theirs = live_follower("uid-b", "5");
-        theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] =
-            json!("remote-b");
+        let theirs = follower_of_remote_b();
         let s = setup(
             vec![],
             vec![],

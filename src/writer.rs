@@ -205,22 +205,35 @@ mod tests {
             .get()
     }
 
-    #[tokio::test]
-    async fn a_replica_that_is_not_the_leader_sends_nothing() {
-        let (w, api, _lease) = writer(false, false);
-        let svc = web(Some("7"));
-        let (create, replace, delete) = run(
-            &[&api],
+    /// Create, replace and delete of `svc`, with no request expected.
+    async fn every_verb(
+        w: &Writer,
+        api: &ApiServer,
+        svc: &Service,
+    ) -> (
+        Result<Written<Service>>,
+        Result<Written<Service>>,
+        Result<()>,
+    ) {
+        run(
+            &[api],
             async {
                 (
-                    w.create(&svc).await,
-                    w.replace(&svc).await,
+                    w.create(svc).await,
+                    w.replace(svc).await,
                     w.delete::<Service>("shop", "web", "uid-web", "test").await,
                 )
             },
             async {},
         )
-        .await;
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_is_not_the_leader_sends_nothing() {
+        let (w, api, _lease) = writer(false, false);
+        let svc = web(Some("7"));
+        let (create, replace, delete) = every_verb(&w, &api, &svc).await;
         assert!(matches!(create, Err(Error::NotLeader)));
         assert!(matches!(replace, Err(Error::NotLeader)));
         assert!(matches!(delete, Err(Error::NotLeader)));
@@ -240,18 +253,7 @@ mod tests {
     async fn dry_run_sends_nothing() {
         let (w, api, _lease) = writer(true, true);
         let svc = web(Some("7"));
-        let (create, replace, delete) = run(
-            &[&api],
-            async {
-                (
-                    w.create(&svc).await,
-                    w.replace(&svc).await,
-                    w.delete::<Service>("shop", "web", "uid-web", "test").await,
-                )
-            },
-            async {},
-        )
-        .await;
+        let (create, replace, delete) = every_verb(&w, &api, &svc).await;
         assert!(matches!(create, Ok(Written::Skipped)));
         assert!(matches!(replace, Ok(Written::Skipped)));
         assert!(delete.is_ok());
