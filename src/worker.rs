@@ -41,16 +41,24 @@ impl Runtime {
         }
     }
 
-    pub fn enqueue_remote(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
+    /// The keys of `remote` that it mirrors (namespaces in scope); none for an unknown remote.
+    fn keys_of(&self, remote: &Arc<str>, keys: Vec<GroupKey>) -> Vec<Key> {
         let Some(state) = self.ctx.remotes.get(remote) else {
-            return;
+            return Vec::new();
         };
-        for (namespace, name) in keys.into_iter().filter(|k| state.in_scope(&k.0)) {
-            self.queue.add(Key {
+        keys.into_iter()
+            .filter(|k| state.in_scope(&k.0))
+            .map(|(namespace, name)| Key {
                 remote: Arc::clone(remote),
                 namespace,
                 name,
-            });
+            })
+            .collect()
+    }
+
+    pub fn enqueue_remote(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
+        for key in self.keys_of(remote, keys) {
+            self.queue.add(key);
         }
     }
 
@@ -61,21 +69,29 @@ impl Runtime {
         }
     }
 
-    /// A remote change: remembered for the propagation-lag histogram, then queued.
+    /// A remote change: queued, and remembered for the propagation-lag histogram while this
+    /// replica leads (a standby writes nothing, so it has no lag to measure; it would only
+    /// collect entries). Every remembered key is queued, and every queued key is settled, so the
+    /// map holds at most the keys in flight.
     pub fn remote_changed(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
-        {
+        let keys = self.keys_of(remote, keys);
+        if self.leader.is_leader() {
             let now = Instant::now();
             let mut pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
-            for (namespace, name) in &keys {
-                let key = Key {
-                    remote: Arc::clone(remote),
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                };
-                pending.entry(key).or_insert(now);
+            for key in &keys {
+                pending.entry(key.clone()).or_insert(now);
             }
         }
-        self.enqueue_remote(remote, keys);
+        for key in keys {
+            self.queue.add(key);
+        }
+    }
+
+    /// How many keys the lag and retry bookkeeping hold (both bounded by the keys in flight).
+    pub fn tracked(&self) -> (usize, usize) {
+        let pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
+        let retries = self.retries.lock().unwrap_or_else(|p| p.into_inner());
+        (pending.len(), retries.len())
     }
 
     fn settled(&self, key: &Key, wrote: bool) {
@@ -147,6 +163,9 @@ where
 pub async fn run(rt: Arc<Runtime>) {
     while let Some(key) = rt.queue.next().await {
         if !rt.leader.is_leader() {
+            // dropped: the next leadership gain reconciles every leader anyway
+            rt.forget(&key);
+            rt.settled(&key, false);
             rt.queue.done(&key);
             continue;
         }
@@ -161,7 +180,11 @@ pub async fn run(rt: Arc<Runtime>) {
                 Err(Error::Panic(panic))
             });
         match result {
-            Ok(Outcome::NotReady) | Err(Error::NotLeader) => rt.forget(&key),
+            // queued again when the caches complete or the Lease is gained; no lag to measure
+            Ok(Outcome::NotReady) | Err(Error::NotLeader) => {
+                rt.forget(&key);
+                rt.settled(&key, false);
+            }
             Ok(outcome) => {
                 rt.forget(&key);
                 rt.settled(&key, matches!(outcome, Outcome::Applied | Outcome::Deleted));
@@ -186,6 +209,51 @@ mod tests {
         q.add("a");
         let again = tokio::time::timeout(Duration::from_secs(1), q.next()).await;
         assert_eq!(again.ok().flatten(), Some("a"));
+    }
+
+    fn runtime(leader: bool) -> (Arc<Runtime>, tokio::sync::watch::Sender<Option<Instant>>) {
+        let (client, _api) = crate::fixtures::client("local");
+        let (tx, leadership) = crate::fixtures::leadership(leader);
+        let remote = Arc::new(RemoteState::new(
+            crate::fixtures::REMOTE,
+            crate::fixtures::opts(),
+            vec![],
+        ));
+        let ctx = crate::fixtures::ctx(
+            client,
+            leadership.clone(),
+            vec![remote],
+            Arc::new(crate::reconcile::LocalState::default()),
+        );
+        let rt = Runtime::new(Arc::new(ctx), WorkQueue::new(), leadership);
+        (Arc::new(rt), tx)
+    }
+
+    fn changed(n: usize) -> Vec<GroupKey> {
+        (0..n)
+            .map(|i| ("shop".to_string(), format!("s{i}")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_standby_remembers_no_change_for_the_lag_histogram() {
+        let (rt, _tx) = runtime(false);
+        rt.remote_changed(&Arc::from(crate::fixtures::REMOTE), changed(100));
+        assert_eq!(rt.tracked(), (0, 0));
+        assert_eq!(rt.queue.len(), 100, "still queued");
+    }
+
+    #[tokio::test]
+    async fn keys_dropped_after_the_lease_is_lost_leave_nothing_behind() {
+        let (rt, tx) = runtime(true);
+        rt.remote_changed(&Arc::from(crate::fixtures::REMOTE), changed(100));
+        // an unknown remote's changes are neither queued nor remembered
+        rt.remote_changed(&Arc::from("gone"), changed(10));
+        assert_eq!(rt.tracked(), (100, 0));
+        tx.send_replace(None);
+        rt.queue.close();
+        crate::fixtures::within("the worker to drain the queue", run(Arc::clone(&rt))).await;
+        assert_eq!(rt.tracked(), (0, 0));
     }
 
     #[tokio::test]
