@@ -12,11 +12,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
 use crate::metrics::Metrics;
-use crate::reconcile::{LocalState, RemoteState};
+use crate::reconcile::LocalState;
+use crate::registry::Registry;
 
 pub struct AdminState {
     pub metrics: Arc<Metrics>,
-    pub remotes: Vec<Arc<RemoteState>>,
+    pub remotes: Arc<Registry>,
     pub local: Arc<LocalState>,
 }
 
@@ -27,7 +28,7 @@ async fn healthz() -> &'static str {
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let mut lines = Vec::new();
     let mut ready = true;
-    for r in &s.remotes {
+    for r in s.remotes.states() {
         match r.problem() {
             None => lines.push(format!("remote {}: synced", r.name)),
             Some(why) => {
@@ -35,6 +36,10 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
                 lines.push(format!("remote {}: not ready: {why}", r.name));
             }
         }
+    }
+    for (source, why) in s.remotes.problems() {
+        ready = false;
+        lines.push(format!("{source}: not a remote: {why}"));
     }
     let ok = s.local.ready();
     ready &= ok;

@@ -29,6 +29,7 @@ use crate::lease::{self, Leadership, LeaseConfig};
 use crate::metrics::{Metrics, labels};
 use crate::queue::WorkQueue;
 use crate::reconcile::{self, Ctx, LocalState, RemoteState, read};
+use crate::registry::{Member, Origin, Registry};
 use crate::supervisor::Supervisor;
 use crate::sweeper;
 use crate::watch::{Follow, Spec};
@@ -108,28 +109,7 @@ pub async fn run(args: Args) -> Result<()> {
     );
     let lease_task = sup.spawn("lease", election);
 
-    let remotes: Vec<(Remote, Arc<RemoteState>)> = clients
-        .remotes
-        .iter()
-        .map(|r| {
-            let opts = Options {
-                label_key: args.label_key.clone(),
-                cluster_name: r.name.clone(),
-                endpoints_mode: args.endpoints_mode.into(),
-            };
-            metrics.init_remote(&r.name);
-            let state = RemoteState::new(&r.name, opts, args.watch_namespaces.clone());
-            (r.clone(), Arc::new(state))
-        })
-        .collect();
-    let ctx = context(
-        &args,
-        &clients.local,
-        &identity,
-        &leader,
-        &metrics,
-        &remotes,
-    );
+    let ctx = context(&args, &clients.local, &identity, &leader, &metrics);
     let queue = WorkQueue::new();
     let rt = Arc::new(Runtime::new(
         Arc::clone(&ctx),
@@ -137,8 +117,8 @@ pub async fn run(args: Args) -> Result<()> {
         leader.clone(),
     ));
 
-    for (remote, state) in &remotes {
-        remote_watches(&sup, &rt, remote, state, &args);
+    for remote in &clients.remotes {
+        join(&sup, &rt, remote, None, Origin::Static, &args);
     }
     local_watches(&sup, &rt, &clients.local, &args);
     namespace_watch(&sup, &rt, &clients.local, &args);
@@ -149,13 +129,13 @@ pub async fn run(args: Args) -> Result<()> {
 
     let sweep_now = Arc::new(Notify::new());
     let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
-    sweeper_task(&sup, &rt, &remotes, &sweep_now, &args);
+    sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);
     gauges(&sup, &rt);
 
     let admin_state = Arc::new(AdminState {
         metrics: Arc::clone(&metrics),
-        remotes: remotes.iter().map(|(_, s)| Arc::clone(s)).collect(),
+        remotes: Arc::clone(&ctx.remotes),
         local: Arc::clone(&ctx.local),
     });
     let serve = admin::serve(listener, admin_state, shutdown.clone());
@@ -189,7 +169,6 @@ fn context(
     identity: &str,
     leader: &Leadership,
     metrics: &Arc<Metrics>,
-    remotes: &[(Remote, Arc<RemoteState>)],
 ) -> Arc<Ctx> {
     let fallback_ref = ObjectReference {
         api_version: Some("coordination.k8s.io/v1".into()),
@@ -199,10 +178,7 @@ fn context(
         ..Default::default()
     };
     Arc::new(Ctx {
-        remotes: remotes
-            .iter()
-            .map(|(_, s)| (Arc::clone(&s.name), Arc::clone(s)))
-            .collect(),
+        remotes: Arc::new(Registry::default()),
         local: Arc::new(LocalState::default()),
         writer: Writer::new(
             local.clone(),
@@ -236,10 +212,11 @@ where
     }
 }
 
-/// Spawns one supervised watch into a cache of `holder`.
+/// Spawns one supervised watch into a cache of `holder`, until `stop`.
 fn watch_into<K, T>(
     sup: &Supervisor,
     rt: &Arc<Runtime>,
+    stop: &CancellationToken,
     spec: Spec<K>,
     holder: Arc<T>,
     cache: fn(&T) -> &RwLock<Cache<K>>,
@@ -263,7 +240,7 @@ fn watch_into<K, T>(
         on_change,
         metrics: Arc::clone(&rt.ctx.metrics),
     };
-    sup.spawn_until_shutdown(what, follow.run());
+    sup.spawn_until(what, stop.clone(), follow.run());
 }
 
 /// What one watch of `cluster` reads.
@@ -280,30 +257,61 @@ where
     }
 }
 
-/// A remote's leaders, their leader-labelled slices and the slices other managers wrote.
-fn remote_watches(
+/// Makes a remote a member: its metric series, its caches in the registry, its watches (which
+/// end when it leaves). A member of the same name is replaced (its watches cancelled).
+fn join(
     sup: &Supervisor,
     rt: &Arc<Runtime>,
     remote: &Remote,
-    state: &Arc<RemoteState>,
+    cluster_id: Option<String>,
+    origin: Origin,
     args: &Args,
-) {
+) -> Arc<Member> {
+    let opts = Options {
+        label_key: args.label_key.clone(),
+        cluster_name: remote.name.clone(),
+        endpoints_mode: args.endpoints_mode.into(),
+    };
+    rt.ctx.metrics.init_remote(&remote.name);
+    let state = RemoteState::new(&remote.name, opts, args.watch_namespaces.clone());
+    let member = rt.ctx.remotes.insert(Member {
+        state: Arc::new(state),
+        client: remote.client.clone(),
+        cluster_id,
+        origin,
+        cancel: sup.child_token(),
+    });
+    remote_watches(sup, rt, &member, args);
+    member
+}
+
+/// A remote's leaders, their leader-labelled slices and the slices other managers wrote.
+fn remote_watches(sup: &Supervisor, rt: &Arc<Runtime>, member: &Member, args: &Args) {
+    let (state, stop) = (&member.state, &member.cancel);
     let on_change = || {
         let (rt, name) = (Arc::clone(rt), Arc::clone(&state.name));
         move |keys| rt.remote_changed(&name, keys)
     };
-    let (c, name) = (&remote.client, &*state.name);
+    let (c, name) = (&member.client, &*state.name);
     let what = |kind: &str| format!("remote {name} {kind}");
     let leaders = state.opts.leader_selector();
     let foreign = state.opts.foreign_slice_selector();
     let s = || Arc::clone(state);
     let services = spec::<Service>(c, args, leaders.clone(), name, what("Services"));
-    watch_into(sup, rt, services, s(), |s| &s.services, on_change());
+    watch_into(sup, rt, stop, services, s(), |s| &s.services, on_change());
     let slices = spec::<EndpointSlice>(c, args, leaders, name, what("EndpointSlices"));
-    watch_into(sup, rt, slices, s(), |s| &s.slices, on_change());
+    watch_into(sup, rt, stop, slices, s(), |s| &s.slices, on_change());
     let other = what("EndpointSlices of other managers");
     let foreign = spec::<EndpointSlice>(c, args, foreign, name, other);
-    watch_into(sup, rt, foreign, s(), |s| &s.foreign_slices, on_change());
+    watch_into(
+        sup,
+        rt,
+        stop,
+        foreign,
+        s(),
+        |s| &s.foreign_slices,
+        on_change(),
+    );
 }
 
 /// Local followers: drift or manual deletion re-triggers the key for every remote.
@@ -315,12 +323,13 @@ fn local_watches(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &Arg
     };
     let what = |kind: &str| format!("local follower {kind}");
     let s = || Arc::clone(&rt.ctx.local);
+    let stop = &sup.child_token();
     let services = spec::<Service>(local, args, sel.clone(), "local", what("Services"));
-    watch_into(sup, rt, services, s(), |s| &s.services, on_change());
+    watch_into(sup, rt, stop, services, s(), |s| &s.services, on_change());
     let slices = spec::<EndpointSlice>(local, args, sel.clone(), "local", what("EndpointSlices"));
-    watch_into(sup, rt, slices, s(), |s| &s.slices, on_change());
+    watch_into(sup, rt, stop, slices, s(), |s| &s.slices, on_change());
     let endpoints = spec::<Endpoints>(local, args, sel, "local", what("Endpoints"));
-    watch_into(sup, rt, endpoints, s(), |s| &s.endpoints, on_change());
+    watch_into(sup, rt, stop, endpoints, s(), |s| &s.endpoints, on_change());
 }
 
 /// A namespace that appears locally releases the leaders that were waiting for it.
@@ -337,7 +346,7 @@ fn namespace_watch(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &A
                     let Some(name) = ns.metadata.name else {
                         continue;
                     };
-                    for s in &rt.remotes {
+                    for s in rt.ctx.remotes.states() {
                         let keys: Vec<GroupKey> = read(&s.services)
                             .keys()
                             .filter(|k| k.0 == name)
@@ -372,15 +381,8 @@ async fn cron_ticks(cron: &str, sweep_now: &Arc<Notify>) -> Result<JobScheduler>
 }
 
 /// Sweeps every remote when woken (cron ticks and leadership gains), leader only.
-fn sweeper_task(
-    sup: &Supervisor,
-    rt: &Arc<Runtime>,
-    remotes: &[(Remote, Arc<RemoteState>)],
-    sweep_now: &Arc<Notify>,
-    args: &Args,
-) {
+fn sweeper_task(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>, args: &Args) {
     let rt = Arc::clone(rt);
-    let remotes = remotes.to_vec();
     let sweep_now = Arc::clone(sweep_now);
     let namespaces = args.watch_namespaces.clone();
     let timeout = Duration::from_secs(args.sweep_list_timeout_seconds);
@@ -390,10 +392,9 @@ fn sweeper_task(
             if !rt.leader.is_leader() {
                 continue;
             }
-            for (remote, state) in &remotes {
-                let (name, opts) = (&state.name, &state.opts);
-                sweeper::sweep_logged(&rt.ctx, name, &remote.client, opts, &namespaces, timeout)
-                    .await;
+            for m in rt.ctx.remotes.members() {
+                let (name, opts) = (&m.state.name, &m.state.opts);
+                sweeper::sweep_logged(&rt.ctx, name, &m.client, opts, &namespaces, timeout).await;
             }
         }
     });
@@ -414,7 +415,7 @@ fn resync_on_gain(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>) 
             was_leader = leader.is_leader();
             if gained {
                 sweep_now.notify_one();
-                let mut pending = rt.remotes.clone();
+                let mut pending = rt.ctx.remotes.states();
                 while !pending.is_empty() && rt.leader.is_leader() {
                     let local_ready = rt.ctx.local.ready();
                     pending.retain(|s| {
@@ -443,7 +444,7 @@ fn gauges(sup: &Supervisor, rt: &Arc<Runtime>) {
     sup.spawn_until_shutdown("gauges", async move {
         loop {
             let m = &rt.ctx.metrics;
-            for s in &rt.remotes {
+            for s in rt.ctx.remotes.states() {
                 let remote = labels([("remote", &s.name)]);
                 let n = read(&rt.ctx.local.services)
                     .keys()

@@ -468,11 +468,18 @@ pub fn ctx(
     local: Arc<LocalState>,
 ) -> Ctx {
     let metrics = Arc::new(Metrics::default());
+    let registry = crate::registry::Registry::default();
+    for state in remotes {
+        registry.insert(crate::registry::Member {
+            state,
+            client: client.clone(),
+            cluster_id: None,
+            origin: crate::registry::Origin::Static,
+            cancel: tokio_util::sync::CancellationToken::new(),
+        });
+    }
     Ctx {
-        remotes: remotes
-            .into_iter()
-            .map(|r| (Arc::clone(&r.name), r))
-            .collect(),
+        remotes: Arc::new(registry),
         local,
         writer: Writer::new(client.clone(), leader, false, Arc::clone(&metrics)),
         recorder: Recorder::new(

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod metrics;
 pub mod queue;
 pub mod reconcile;
+pub mod registry;
 pub mod remote_access;
 pub mod supervisor;
 pub mod sweeper;

@@ -181,7 +181,7 @@ pub fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 pub struct Ctx {
-    pub remotes: HashMap<Arc<str>, Arc<RemoteState>>,
+    pub remotes: Arc<crate::registry::Registry>,
     pub local: Arc<LocalState>,
     pub writer: Writer,
     pub recorder: Recorder,
@@ -425,7 +425,7 @@ fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
 }
 
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
-    let Some(remote) = ctx.remotes.get(&key.remote) else {
+    let Some(remote) = ctx.remotes.state(&key.remote) else {
         return Ok(Outcome::NotReady);
     };
     // a cache that has not completed a listing proves nothing: no decision on it
@@ -436,7 +436,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::Unchanged);
     }
     let g = key.group();
-    let snap = ctx.snapshot(remote, &g)?;
+    let snap = ctx.snapshot(&remote, &g)?;
     let opts = &remote.opts;
     let outcome = match &snap.leader {
         None => remove_follower(ctx, key, opts, &snap).await?,

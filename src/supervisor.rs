@@ -33,11 +33,45 @@ impl Supervisor {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        self.spawn_expecting(name, self.shutdown.clone(), task)
+    }
+
+    /// Spawns a task of one part that can stop on its own (a remote that leaves): it runs until
+    /// `stop` (a child of the shutdown token) is cancelled, when it is dropped where it stands.
+    /// Ending before that is a failure, as for every task.
+    pub fn spawn_until<F>(
+        &self,
+        name: impl Into<String>,
+        stop: CancellationToken,
+        task: F,
+    ) -> JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let until = stop.clone();
+        self.spawn_expecting(name, stop, async move {
+            tokio::select! {
+                _ = until.cancelled() => {}
+                _ = task => {}
+            }
+        })
+    }
+
+    /// Spawns a task that may end only once `stop` is cancelled.
+    fn spawn_expecting<F>(
+        &self,
+        name: impl Into<String>,
+        stop: CancellationToken,
+        task: F,
+    ) -> JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         let name = name.into();
         let this = self.clone();
         tokio::spawn(async move {
             let outcome = AssertUnwindSafe(task).catch_unwind().await;
-            if this.shutdown.is_cancelled() {
+            if stop.is_cancelled() || this.shutdown.is_cancelled() {
                 return;
             }
             let why = match outcome {
@@ -54,13 +88,12 @@ impl Supervisor {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let shutdown = self.shutdown.clone();
-        self.spawn(name, async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = task => {}
-            }
-        })
+        self.spawn_until(name, self.shutdown.clone(), task)
+    }
+
+    /// A token cancelled by shutdown or on its own (one remote's tasks).
+    pub fn child_token(&self) -> CancellationToken {
+        self.shutdown.child_token()
     }
 
     /// Records the first failure and starts the shutdown.

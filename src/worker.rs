@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::lease::Leadership;
 use crate::metrics::labels;
 use crate::queue::WorkQueue;
-use crate::reconcile::{self, Ctx, Key, Outcome, RemoteState};
+use crate::reconcile::{self, Ctx, Key, Outcome};
 use crate::supervisor::panic_message;
 
 pub struct Runtime {
@@ -24,26 +24,23 @@ pub struct Runtime {
     pub ctx: Arc<Ctx>,
     pub queue: Arc<WorkQueue<Key>>,
     pub leader: Leadership,
-    pub remotes: Vec<Arc<RemoteState>>,
     retries: Mutex<HashMap<Key, u32>>,
 }
 
 impl Runtime {
     pub fn new(ctx: Arc<Ctx>, queue: Arc<WorkQueue<Key>>, leader: Leadership) -> Self {
-        let remotes = ctx.remotes.values().cloned().collect();
         Self {
             pending_since: Mutex::default(),
             ctx,
             queue,
             leader,
-            remotes,
             retries: Mutex::default(),
         }
     }
 
     /// The keys of `remote` that it mirrors (namespaces in scope); none for an unknown remote.
     fn keys_of(&self, remote: &Arc<str>, keys: Vec<GroupKey>) -> Vec<Key> {
-        let Some(state) = self.ctx.remotes.get(remote) else {
+        let Some(state) = self.ctx.remotes.state(remote) else {
             return Vec::new();
         };
         keys.into_iter()
@@ -64,7 +61,7 @@ impl Runtime {
 
     /// A local change (drift, manual deletion): the key again for every remote.
     pub fn enqueue_local(&self, keys: Vec<GroupKey>) {
-        for s in &self.remotes {
+        for s in self.ctx.remotes.states() {
             self.enqueue_remote(&s.name, keys.clone());
         }
     }
@@ -214,7 +211,7 @@ mod tests {
     fn runtime(leader: bool) -> (Arc<Runtime>, tokio::sync::watch::Sender<Option<Instant>>) {
         let (client, _api) = crate::fixtures::client("local");
         let (tx, leadership) = crate::fixtures::leadership(leader);
-        let remote = Arc::new(RemoteState::new(
+        let remote = Arc::new(crate::reconcile::RemoteState::new(
             crate::fixtures::REMOTE,
             crate::fixtures::opts(),
             vec![],
