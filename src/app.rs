@@ -30,6 +30,7 @@ use crate::metrics::{Metrics, labels};
 use crate::queue::WorkQueue;
 use crate::reconcile::{self, Ctx, LocalState, RemoteState, read};
 use crate::registry::{Member, Origin, Registry};
+use crate::remote_secrets;
 use crate::supervisor::Supervisor;
 use crate::sweeper;
 use crate::watch::{Follow, Spec};
@@ -128,6 +129,9 @@ pub async fn run(args: Args) -> Result<()> {
         .collect();
 
     let sweep_now = Arc::new(Notify::new());
+    if !args.remote_secret_selector.trim().is_empty() {
+        remote_secrets(&sup, &rt, &clients, &sweep_now, &args).await;
+    }
     let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
     sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);
@@ -259,7 +263,7 @@ where
 
 /// Makes a remote a member: its metric series, its caches in the registry, its watches (which
 /// end when it leaves). A member of the same name is replaced (its watches cancelled).
-fn join(
+pub(crate) fn join(
     sup: &Supervisor,
     rt: &Arc<Runtime>,
     remote: &Remote,
@@ -282,7 +286,54 @@ fn join(
         cancel: sup.child_token(),
     });
     remote_watches(sup, rt, &member, args);
+    // a remote that joins a running leader: every one of its leaders once its caches complete
+    let (rt2, state) = (Arc::clone(rt), Arc::clone(&member.state));
+    let name = format!("remote {} first pass", remote.name);
+    sup.spawn_until(name, member.cancel.clone(), async move {
+        while !resync_when_ready(&rt2, &state) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::future::pending::<()>().await
+    });
     member
+}
+
+/// Queues every leader of a remote if it and the local caches have completed a listing (and
+/// this replica leads); false while they have not.
+fn resync_when_ready(rt: &Runtime, s: &RemoteState) -> bool {
+    if !(rt.leader.is_leader() && rt.ctx.local.ready() && s.ready()) {
+        return false;
+    }
+    let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
+    info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
+    rt.enqueue_remote(&s.name, keys);
+    true
+}
+
+/// Remotes from the Secrets of the daemon's namespace: joined, rotated and retired at run time.
+async fn remote_secrets(
+    sup: &Supervisor,
+    rt: &Arc<Runtime>,
+    clients: &clients::Clients,
+    sweep_now: &Arc<Notify>,
+    args: &Args,
+) {
+    // the local cluster's id, so a Secret reaching the local cluster under another address is
+    // refused too (without it, only the same address is)
+    let local_id = remote_secrets::cluster_id(&clients.local, args.api_timeout())
+        .await
+        .inspect_err(|why| warn!("local cluster id unknown: {why}"))
+        .ok();
+    let source = remote_secrets::Source::new(
+        Arc::clone(rt),
+        sup.clone(),
+        args.clone(),
+        clients.local.clone(),
+        clients.local_authority.clone(),
+        local_id,
+        Arc::clone(sweep_now),
+    );
+    sup.spawn_until_shutdown("remote Secrets", source.run());
 }
 
 /// A remote's leaders, their leader-labelled slices and the slices other managers wrote.
@@ -410,23 +461,24 @@ fn resync_on_gain(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>) 
     sup.spawn_until_shutdown("resync on leadership gain", async move {
         let mut was_leader = false;
         loop {
-            // every renewal is published; only a gain starts a resync
-            let gained = leader.is_leader() && !was_leader;
-            was_leader = leader.is_leader();
+            // every renewal is published: a gain, or a renewal after keys were dropped (a Lease
+            // that lapsed unseen between two renewals), starts a full pass
+            let leading = leader.is_leader();
+            let gained = leading && !was_leader;
+            let redo = if leading {
+                rt.take_dropped()
+            } else {
+                Default::default()
+            };
+            was_leader = leading;
             if gained {
                 sweep_now.notify_one();
+            }
+            if gained || !redo.is_empty() {
                 let mut pending = rt.ctx.remotes.states();
+                pending.retain(|s| gained || redo.contains(&s.name));
                 while !pending.is_empty() && rt.leader.is_leader() {
-                    let local_ready = rt.ctx.local.ready();
-                    pending.retain(|s| {
-                        if !(local_ready && s.ready()) {
-                            return true;
-                        }
-                        let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
-                        info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
-                        rt.enqueue_remote(&s.name, keys);
-                        false
-                    });
+                    pending.retain(|s| !resync_when_ready(&rt, s));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }

@@ -47,9 +47,23 @@ pub struct Args {
     #[arg(long, env = "REMOTE_CONTEXT")]
     pub remote_context: Option<String>,
 
-    /// Namespace of the leader-election Lease.
+    /// The daemon's own namespace: its leader-election Lease, and the Secrets that name remotes.
     #[arg(long, env = "LEASE_NAMESPACE", default_value = "fair-system")]
     pub namespace: String,
+
+    /// Label selector of the Secrets (in --namespace) that each name one remote cluster, with
+    /// its kubeconfig under the data key `kubeconfig`. Empty: no Secret remotes.
+    #[arg(
+        long,
+        env = "REMOTE_SECRET_SELECTOR",
+        default_value = "fair.com/cross-cluster-remote=true"
+    )]
+    pub remote_secret_selector: String,
+
+    /// Seconds between a remote's Secret being deleted and its followers being deleted; a
+    /// Secret re-created for the same cluster meanwhile keeps them.
+    #[arg(long, env = "REMOTE_REMOVAL_GRACE_SECONDS", default_value_t = 30)]
+    pub remote_removal_grace_seconds: u64,
 
     /// Label key: remote leaders carry `<key>=true`, local followers `<key>=follower`.
     #[arg(long, env = "LABEL_KEY", default_value = "fair.com/cross-cluster")]
@@ -171,6 +185,15 @@ impl Args {
                     "--watch-namespace {ns:?} is not a valid namespace name"
                 ));
             }
+        }
+        if self.kubeconfig.is_none()
+            && self.remote_context.is_none()
+            && self.remote_secret_selector.trim().is_empty()
+        {
+            return Err(
+                "no remote: name one with --kubeconfig or --remote-context, or leave --remote-secret-selector set so remotes come from Secrets"
+                    .into(),
+            );
         }
         if let Some(name) = &self.cluster_name
             && (name.is_empty() || name.len() > 253)

@@ -16,6 +16,9 @@ pub struct Remote {
 
 pub struct Clients {
     pub local: Client,
+    /// host:port of the local API server (a remote must be another one)
+    pub local_authority: String,
+    /// the static remote, when `--kubeconfig` or `--remote-context` names one
     pub remotes: Vec<Remote>,
 }
 
@@ -78,7 +81,7 @@ pub async fn remote_config(args: &Args) -> Result<(Config, String)> {
 }
 
 /// host:port of an API server URL, for the "same cluster" check.
-fn authority(cfg: &Config) -> String {
+pub fn authority(cfg: &Config) -> String {
     let uri = &cfg.cluster_url;
     let host = uri
         .host()
@@ -113,25 +116,41 @@ fn with_timeouts(mut cfg: Config, args: &Args) -> Config {
 
 const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A remote's client from a kubeconfig held in a Secret (its current context), with the
+/// daemon's timeouts, and its API server's host:port.
+pub async fn secret_remote(kc: Kubeconfig, args: &Args) -> Result<(Client, String)> {
+    let cfg = from_kubeconfig(kc, None, "kubeconfig").await?;
+    let at = authority(&cfg);
+    let client = Client::try_from(with_timeouts(cfg, args)).map_err(|e| config_err("client", e))?;
+    Ok((client, at))
+}
+
+/// The local client, and the static remote when the flags name one (`--kubeconfig` /
+/// `KUBECONFIG_PATH` or `--remote-context`); other remotes come from Secrets.
 pub async fn build(args: &Args) -> Result<Clients> {
     let local_cfg = local_config(args).await?;
-    let (remote_cfg, context_name) = remote_config(args).await?;
-    if authority(&local_cfg) == authority(&remote_cfg) {
-        return Err(Error::Config(format!(
-            "local and remote resolve to the same API server ({}); refusing to mirror a cluster into itself",
-            authority(&local_cfg)
-        )));
-    }
+    let local_authority = authority(&local_cfg);
     let local = Client::try_from(with_timeouts(local_cfg, args))
         .map_err(|e| config_err("local client", e))?;
-    let remote = Client::try_from(with_timeouts(remote_cfg, args))
-        .map_err(|e| config_err("remote client", e))?;
-    let name = args.cluster_name.clone().unwrap_or(context_name);
-    Ok(Clients {
-        local,
-        remotes: vec![Remote {
+    let mut remotes = Vec::new();
+    if args.kubeconfig.is_some() || args.remote_context.is_some() {
+        let (remote_cfg, context_name) = remote_config(args).await?;
+        if local_authority == authority(&remote_cfg) {
+            return Err(Error::Config(format!(
+                "local and remote resolve to the same API server ({local_authority}); refusing to mirror a cluster into itself"
+            )));
+        }
+        let remote = Client::try_from(with_timeouts(remote_cfg, args))
+            .map_err(|e| config_err("remote client", e))?;
+        let name = args.cluster_name.clone().unwrap_or(context_name);
+        remotes.push(Remote {
             name,
             client: remote,
-        }],
+        });
+    }
+    Ok(Clients {
+        local,
+        local_authority,
+        remotes,
     })
 }

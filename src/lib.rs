@@ -16,6 +16,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod registry;
 pub mod remote_access;
+pub mod remote_secrets;
 pub mod supervisor;
 pub mod sweeper;
 pub mod telemetry;

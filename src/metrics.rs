@@ -25,6 +25,8 @@ pub struct Metrics {
     pub events_suppressed: Counter,
     pub watch_requests: Family<Labels, Counter>,
     pub panics: Family<Labels, Counter>,
+    pub remote_changes: Family<Labels, Counter>,
+    pub remote_secrets_refused: Gauge,
 }
 
 impl Default for Metrics {
@@ -48,6 +50,8 @@ impl Default for Metrics {
             events_suppressed: Counter::default(),
             watch_requests: Family::default(),
             panics: Family::default(),
+            remote_changes: Family::default(),
+            remote_secrets_refused: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -120,6 +124,16 @@ impl Default for Metrics {
             "Reconciles that panicked (the key is released and retried with back-off)",
             m.panics.clone(),
         );
+        registry.register(
+            "remote_changes",
+            "Remotes joined, rotated, left, and Secrets refused as remotes",
+            m.remote_changes.clone(),
+        );
+        registry.register(
+            "remote_secrets_refused",
+            "Remote Secrets that are not a remote now (each named on /readyz)",
+            m.remote_secrets_refused.clone(),
+        );
         let build: Family<Labels, Gauge> = Family::default();
         build
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
@@ -137,6 +151,9 @@ impl Metrics {
     /// A registry with the writer's series at 0; [`Metrics::init_remote`] adds a remote's.
     pub fn new() -> Self {
         let m = Self::default();
+        for change in ["joined", "rotated", "left", "refused"] {
+            touch(&m.remote_changes, labels([("change", change)]));
+        }
         for kind in KINDS {
             for verb in VERBS {
                 touch(&m.writes, labels([("kind", kind), ("verb", verb)]));

@@ -332,7 +332,7 @@ impl Ctx {
         }
     }
 
-    async fn event(
+    pub(crate) async fn event(
         &self,
         type_: EventType,
         reason: &str,

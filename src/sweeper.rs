@@ -99,6 +99,42 @@ pub fn orphans(
     namespaces: &[String],
 ) -> Vec<Orphan> {
     let ours = |o: Ownership| matches!(o, Ownership::Ours | Ownership::Adoptable);
+    plan(
+        leaders,
+        (services, slices, endpoints),
+        opts,
+        namespaces,
+        ours,
+    )
+}
+
+/// Pure: every local follower that carries this remote's name (a remote that left). A follower
+/// without an origin (left by the Go controller) is never taken for one remote's.
+pub fn retired(followers: &Followers, opts: &Options) -> Vec<Orphan> {
+    let (services, slices, endpoints) = (
+        &followers.services[..],
+        &followers.slices[..],
+        &followers.endpoints[..],
+    );
+    let ours = |o: Ownership| o == Ownership::Ours;
+    plan(
+        &HashSet::new(),
+        (services, slices, endpoints),
+        opts,
+        &[],
+        ours,
+    )
+}
+
+type Metas<'a> = (&'a [ObjectMeta], &'a [ObjectMeta], &'a [ObjectMeta]);
+
+fn plan(
+    leaders: &HashSet<GroupKey>,
+    (services, slices, endpoints): Metas,
+    opts: &Options,
+    namespaces: &[String],
+    ours: impl Fn(Ownership) -> bool,
+) -> Vec<Orphan> {
     let in_scope = |g: &GroupKey| namespaces.is_empty() || namespaces.contains(&g.0);
     let gone = |g: Option<GroupKey>| g.is_some_and(|g| in_scope(&g) && !leaders.contains(&g));
     let mut out: Vec<Orphan> = Vec::new();
@@ -148,6 +184,68 @@ where
     }
 }
 
+/// The metadata of the local followers, from one complete listing.
+#[derive(Default)]
+pub struct Followers {
+    pub services: Vec<ObjectMeta>,
+    pub slices: Vec<ObjectMeta>,
+    pub endpoints: Vec<ObjectMeta>,
+}
+
+/// Complete listings of the local followers in the watched namespaces (any failure: an error).
+async fn list_followers(
+    ctx: &Ctx,
+    opts: &Options,
+    namespaces: &[String],
+    timeout: Duration,
+) -> Result<Followers> {
+    let local = ctx.writer.client().clone();
+    let sel = opts.follower_selector();
+    let mut f = Followers::default();
+    for ns in scopes(namespaces) {
+        f.services
+            .extend(list_all(&scoped::<Service>(&local, ns), &sel, timeout).await?);
+        f.slices
+            .extend(list_all(&scoped::<EndpointSlice>(&local, ns), &sel, timeout).await?);
+        f.endpoints
+            .extend(list_all(&scoped::<Endpoints>(&local, ns), &sel, timeout).await?);
+    }
+    Ok(f)
+}
+
+/// Deletes what a plan names, each with its uid precondition; stops at the first failure.
+async fn delete_all(ctx: &Ctx, plan: &[Orphan], remote_name: &str, why: &str) -> Result<usize> {
+    let mut deleted = 0;
+    for o in plan {
+        let (ns, name, uid) = (&o.namespace, &o.name, &o.uid);
+        match o.kind {
+            "Service" => ctx.writer.delete::<Service>(ns, name, uid, why).await,
+            "EndpointSlice" => ctx.writer.delete::<EndpointSlice>(ns, name, uid, why).await,
+            _ => ctx.writer.delete::<Endpoints>(ns, name, uid, why).await,
+        }?;
+        deleted += 1;
+        ctx.metrics
+            .sweep_deletions
+            .get_or_create(&labels([("remote", remote_name)]))
+            .inc();
+    }
+    Ok(deleted)
+}
+
+/// A remote has left (its Secret deleted and the grace passed): deletes every follower object
+/// that carries its name, after one complete local listing.
+pub async fn retire(
+    ctx: &Ctx,
+    remote_name: &str,
+    opts: &Options,
+    namespaces: &[String],
+    timeout: Duration,
+) -> Result<usize> {
+    let followers = list_followers(ctx, opts, namespaces, timeout).await?;
+    let plan = retired(&followers, opts);
+    delete_all(ctx, &plan, remote_name, "its remote left").await
+}
+
 pub async fn sweep(
     ctx: &Ctx,
     remote_name: &str,
@@ -156,14 +254,11 @@ pub async fn sweep(
     namespaces: &[String],
     timeout: Duration,
 ) -> Result<SweepReport> {
-    let local = ctx.writer.client().clone();
-    let sel = opts.follower_selector();
-    let (mut services, mut slices, mut endpoints) = (Vec::new(), Vec::new(), Vec::new());
-    for ns in scopes(namespaces) {
-        services.extend(list_all(&scoped::<Service>(&local, ns), &sel, timeout).await?);
-        slices.extend(list_all(&scoped::<EndpointSlice>(&local, ns), &sel, timeout).await?);
-        endpoints.extend(list_all(&scoped::<Endpoints>(&local, ns), &sel, timeout).await?);
-    }
+    let Followers {
+        services,
+        slices,
+        endpoints,
+    } = list_followers(ctx, opts, namespaces, timeout).await?;
 
     let leader_sel = opts.leader_selector();
     let mut leaders = HashSet::new();
@@ -176,32 +271,7 @@ pub async fn sweep(
     }
 
     let plan = orphans(&leaders, &services, &slices, &endpoints, opts, namespaces);
-    let mut deleted = 0;
-    for o in &plan {
-        let r = match o.kind {
-            "Service" => {
-                ctx.writer
-                    .delete::<Service>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
-                    .await
-            }
-            "EndpointSlice" => {
-                ctx.writer
-                    .delete::<EndpointSlice>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
-                    .await
-            }
-            _ => {
-                ctx.writer
-                    .delete::<Endpoints>(&o.namespace, &o.name, &o.uid, "sweeper: leader gone")
-                    .await
-            }
-        };
-        r?;
-        deleted += 1;
-        ctx.metrics
-            .sweep_deletions
-            .get_or_create(&labels([("remote", remote_name)]))
-            .inc();
-    }
+    let deleted = delete_all(ctx, &plan, remote_name, "sweeper: leader gone").await?;
     Ok(SweepReport {
         leaders: leaders.len(),
         followers: services.len(),
@@ -299,6 +369,47 @@ mod tests {
         keys.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_remote_that_left_takes_only_its_own_followers_with_it() {
+        let go_era = svc(
+            "a",
+            "go-era",
+            json!({"fair.com/cross-cluster": "follower"}),
+            json!({}),
+        );
+        let north = svc(
+            "a",
+            "north",
+            json!({"fair.com/cross-cluster": "follower"}),
+            json!({"fair.com/cross-cluster-origin-cluster": "north"}),
+        );
+        let plain = svc("a", "plain", json!({}), json!({}));
+        let followers = Followers {
+            services: metas(vec![
+                follower("a", "web"),
+                follower("b", "api"),
+                go_era,
+                north,
+                plain,
+            ]),
+            slices: metas(vec![
+                slice("a", "web-1", "web", crate::desired::MANAGED_BY),
+                slice("a", "web-kcm", "web", "endpointslice-controller.k8s.io"),
+            ]),
+            endpoints: vec![],
+        };
+        let mut got: Vec<String> = retired(&followers, &opts())
+            .into_iter()
+            .map(|o| format!("{} {}/{}", o.kind, o.namespace, o.name))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            ["EndpointSlice a/web-1", "Service a/web", "Service b/api"],
+            "east's own, in every namespace; not the Go-era one, not north's, not a plain Service"
+        );
     }
 
     #[test]

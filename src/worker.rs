@@ -1,7 +1,7 @@
 //! The workers: take a key from the queue, reconcile it (leader only), retry failures with
 //! back-off, and record the propagation lag of what was written. A pass that panics releases its
 //! key (it would otherwise stay "in progress" and never run again) and is retried like an error.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -25,6 +25,11 @@ pub struct Runtime {
     pub queue: Arc<WorkQueue<Key>>,
     pub leader: Leadership,
     retries: Mutex<HashMap<Key, u32>>,
+    /// remotes one of whose keys was dropped unreconciled (not leader, or caches not complete):
+    /// the next renewal while leading makes a full pass of each (a Lease that lapsed and came
+    /// back without ever being published as lost would otherwise lose those keys until they
+    /// change again)
+    dropped: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Runtime {
@@ -35,6 +40,7 @@ impl Runtime {
             queue,
             leader,
             retries: Mutex::default(),
+            dropped: Mutex::default(),
         }
     }
 
@@ -133,6 +139,21 @@ impl Runtime {
         self.queue.add_after(key, delay);
     }
 
+    /// The remotes a key of which was dropped since the last call.
+    pub fn take_dropped(&self) -> HashSet<Arc<str>> {
+        std::mem::take(&mut *self.dropped.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A key set aside unreconciled: settled, and its remote remembered for the next full pass.
+    fn drop_key(&self, key: &Key) {
+        self.forget(key);
+        self.settled(key, false);
+        self.dropped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(Arc::clone(&key.remote));
+    }
+
     fn forget(&self, key: &Key) {
         self.retries
             .lock()
@@ -160,9 +181,8 @@ where
 pub async fn run(rt: Arc<Runtime>) {
     while let Some(key) = rt.queue.next().await {
         if !rt.leader.is_leader() {
-            // dropped: the next leadership gain reconciles every leader anyway
-            rt.forget(&key);
-            rt.settled(&key, false);
+            // dropped: the next leadership gain (or renewal) reconciles every leader
+            rt.drop_key(&key);
             rt.queue.done(&key);
             continue;
         }
@@ -177,11 +197,8 @@ pub async fn run(rt: Arc<Runtime>) {
                 Err(Error::Panic(panic))
             });
         match result {
-            // queued again when the caches complete or the Lease is gained; no lag to measure
-            Ok(Outcome::NotReady) | Err(Error::NotLeader) => {
-                rt.forget(&key);
-                rt.settled(&key, false);
-            }
+            // queued again by the next full pass; no lag to measure
+            Ok(Outcome::NotReady) | Err(Error::NotLeader) => rt.drop_key(&key),
             Ok(outcome) => {
                 rt.forget(&key);
                 rt.settled(&key, matches!(outcome, Outcome::Applied | Outcome::Deleted));
@@ -251,6 +268,12 @@ mod tests {
         rt.queue.close();
         crate::fixtures::within("the worker to drain the queue", run(Arc::clone(&rt))).await;
         assert_eq!(rt.tracked(), (0, 0));
+        assert_eq!(
+            rt.take_dropped(),
+            HashSet::from([Arc::from(crate::fixtures::REMOTE)]),
+            "a full pass of that remote is due once leading again"
+        );
+        assert!(rt.take_dropped().is_empty(), "once");
     }
 
     #[tokio::test]

@@ -253,6 +253,10 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
         (vec!["--label-key", "not a key"], "--label-key"),
         (vec!["--label-key", &long_key], "at most 48"),
         (
+            vec!["--devmode", "--remote-secret-selector", ""],
+            "no remote",
+        ),
+        (
             vec![
                 "--devmode",
                 "--local-context",
@@ -323,7 +327,7 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
 Report {
         id: "63-bad-flags-and-kubeconfigs",
         scenario: "Bad flags, malformed or missing kubeconfig, missing context, local = remote",
-        done: "10 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, unparsable and missing kubeconfig, unknown context, same API server twice, no in-cluster config",
+        done: "11 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, no remote at all (no static remote, Secret remotes off), unparsable and missing kubeconfig, unknown context, same API server twice, no in-cluster config",
         converge: None,
         note: "each stops at start with a non-zero exit and one line starting with `error`, naming the flag, file or context".into(),
 },

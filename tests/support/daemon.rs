@@ -69,6 +69,16 @@ impl Daemon {
     }
 
     pub async fn start_with_env(args: &[String], env: &[(&str, &str)]) -> Daemon {
+        Self::spawn(args, env, true).await
+    }
+
+    /// Starts the binary with no static remote (no `--kubeconfig` added): its remotes come from
+    /// Secrets only.
+    pub async fn start_secrets_only(args: &[String]) -> Daemon {
+        Self::spawn(args, &[], false).await
+    }
+
+    async fn spawn(args: &[String], env: &[(&str, &str)], static_remote: bool) -> Daemon {
         let bed = bed().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("daemon.log");
@@ -77,7 +87,7 @@ impl Daemon {
         let err = out.try_clone().expect("log file");
         let mut cmd = Command::new(BIN);
         cmd.args(args);
-        if !args.iter().any(|a| a == "--kubeconfig") {
+        if static_remote && !args.iter().any(|a| a == "--kubeconfig") {
             cmd.arg("--kubeconfig").arg(&bed.kubeconfig);
         }
         cmd.arg("--admin-bind")
@@ -210,6 +220,26 @@ impl Daemon {
                     Ok(())
                 } else {
                     Err(logs)
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until the daemon leads with its local caches complete (/readyz 200): what a
+    /// daemon with no remote yet can show.
+    pub async fn wait_leading(&self) {
+        eventually(
+            "the daemon to lead with its local caches synced",
+            Duration::from_secs(30),
+            || async {
+                if let Some(status) = self.exited() {
+                    return Err(format!("daemon exited ({status}):\n{}", self.logs()));
+                }
+                let leading = self.gauge("xcc_leader", &[]) == Some(1.0);
+                match self.readyz()? {
+                    (200, _) if leading => Ok(()),
+                    (code, body) => Err(format!("leading {leading}, {code} {body}")),
                 }
             },
         )

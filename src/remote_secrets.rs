@@ -1,0 +1,506 @@
+//! Remotes from Secrets: each Secret of the daemon's namespace selected by
+//! `--remote-secret-selector` names one remote cluster (data key `kubeconfig`; the name from its
+//! label or annotation `fair.com/cross-cluster-name`, else the Secret's name). A Secret applied
+//! joins its remote, a changed kubeconfig rotates it (new client and watches, same caches' keys:
+//! nothing is rewritten), a Secret deleted makes it leave after `--remote-removal-grace-seconds`
+//! (its followers are then deleted). A Secret that cannot be used is reported (log, /readyz,
+//! Event on the Secret, metric) and changes nothing; a remote that was running keeps running.
+//!
+//! A remote's identity is its cluster id (the uid of its kube-system namespace). A Secret whose
+//! kubeconfig now reaches another cluster than its remote did is held, not switched: otherwise
+//! the other cluster's complete listing would prove every follower of the first "gone".
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::Api;
+use kube::config::Kubeconfig;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::args::Args;
+use crate::clients::{self, Remote};
+use crate::metrics::labels;
+use crate::registry::Origin;
+use crate::worker::Runtime;
+
+/// Label or annotation naming the remote cluster.
+pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
+/// The Secret's data key holding the kubeconfig.
+pub const DATA_KEY: &str = "kubeconfig";
+/// How often Secrets that could not be used (an unreachable server, say) are tried again.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// What a Secret says, read without I/O.
+#[derive(Debug)]
+pub struct Candidate {
+    /// the remote's name
+    pub name: String,
+    pub kubeconfig: Kubeconfig,
+    /// of the kubeconfig bytes: a different hash is a rotation
+    pub hash: String,
+}
+
+/// Pure: the remote a Secret describes, or why it describes none.
+pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
+    let secret_name = s.name_any();
+    let name = s
+        .labels()
+        .get(NAME_KEY)
+        .or_else(|| s.annotations().get(NAME_KEY))
+        .cloned()
+        .unwrap_or(secret_name);
+    if name.is_empty() || name.len() > 63 || !is_label_value(&name) {
+        return Err(format!(
+            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 63 letters, digits, '-', '_' or '.'"
+        ));
+    }
+    let bytes = s
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DATA_KEY))
+        .map(|ByteString(b)| b.clone())
+        .or_else(|| {
+            s.string_data
+                .as_ref()
+                .and_then(|d| d.get(DATA_KEY))
+                .map(|t| t.as_bytes().to_vec())
+        })
+        .ok_or_else(|| format!("no data key {DATA_KEY:?}"))?;
+    let text = String::from_utf8(bytes).map_err(|_| format!("{DATA_KEY:?} is not text"))?;
+    let kubeconfig = Kubeconfig::from_yaml(&text)
+        .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
+    Ok(Candidate {
+        name,
+        kubeconfig,
+        hash: hex::encode(Sha256::digest(text.as_bytes())),
+    })
+}
+
+fn is_label_value(s: &str) -> bool {
+    s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+fn one_line(e: impl std::fmt::Display) -> String {
+    e.to_string().replace('\n', " ")
+}
+
+/// The uid of a cluster's kube-system namespace: its id (as the MCS ClusterProperty
+/// `cluster.clusterset.k8s.io` defines it).
+pub async fn cluster_id(client: &Client, timeout: Duration) -> Result<String, String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = tokio::time::timeout(timeout, api.get("kube-system"))
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|e| {
+            format!(
+                "reading its cluster id (namespace kube-system): {}",
+                crate::error::chain(&e)
+            )
+        })?;
+    ns.uid()
+        .ok_or_else(|| "its kube-system namespace has no uid".to_string())
+}
+
+/// The Secret source: joins, rotates and retires Secret remotes.
+pub struct Source {
+    pub rt: Arc<Runtime>,
+    pub sup: crate::supervisor::Supervisor,
+    pub args: Args,
+    pub local: Client,
+    pub local_authority: String,
+    pub local_id: Option<String>,
+    pub sweep_now: Arc<tokio::sync::Notify>,
+    /// Secret name -> the Secret as last seen
+    secrets: BTreeMap<String, Secret>,
+    /// Secret names that could not be used (tried again every RETRY)
+    failing: BTreeSet<String>,
+    /// remote name -> when it leaves (its Secret was deleted)
+    leaving: BTreeMap<String, Instant>,
+    /// remotes that left whose followers are still to be deleted (tried every tick)
+    retiring: BTreeMap<String, crate::desired::Options>,
+    /// remote name -> the cluster id it had (a Secret reaching another cluster is held)
+    ids: BTreeMap<String, String>,
+}
+
+impl Source {
+    pub fn new(
+        rt: Arc<Runtime>,
+        sup: crate::supervisor::Supervisor,
+        args: Args,
+        local: Client,
+        local_authority: String,
+        local_id: Option<String>,
+        sweep_now: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        let ids = rt
+            .ctx
+            .remotes
+            .members()
+            .iter()
+            .filter_map(|m| Some((m.name().to_string(), m.cluster_id.clone()?)))
+            .collect();
+        Self {
+            rt,
+            sup,
+            args,
+            local,
+            local_authority,
+            local_id,
+            sweep_now,
+            secrets: BTreeMap::new(),
+            failing: BTreeSet::new(),
+            leaving: BTreeMap::new(),
+            retiring: BTreeMap::new(),
+            ids,
+        }
+    }
+
+    /// Follows the Secrets until shutdown.
+    pub async fn run(mut self) {
+        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.args.namespace);
+        let cfg = watcher::Config::default()
+            .labels(&self.args.remote_secret_selector)
+            .timeout(self.args.api_timeout_seconds);
+        let stream = watcher(api, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut tick = tokio::time::interval(RETRY.min(self.grace()).max(Duration::from_secs(1)));
+        let mut listing: Option<BTreeSet<String>> = None;
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(ev)) => self.on_event(ev, &mut listing).await,
+                    Some(Err(e)) => warn!(error = %crate::error::chain(&e), "watch of remote Secrets failing; retrying"),
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick().await,
+            }
+        }
+    }
+
+    fn grace(&self) -> Duration {
+        Duration::from_secs(self.args.remote_removal_grace_seconds)
+    }
+
+    async fn on_event(&mut self, ev: Event<Secret>, listing: &mut Option<BTreeSet<String>>) {
+        match ev {
+            Event::Init => *listing = Some(BTreeSet::new()),
+            Event::InitApply(s) => {
+                if let Some(seen) = listing.as_mut() {
+                    seen.insert(s.name_any());
+                }
+                self.applied(s).await;
+            }
+            Event::InitDone => {
+                // a complete listing: Secrets we knew that it lacks were deleted meanwhile
+                let seen = listing.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .secrets
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.deleted(&name);
+                }
+            }
+            Event::Apply(s) => self.applied(s).await,
+            Event::Delete(s) => self.deleted(&s.name_any()),
+        }
+    }
+
+    fn source(&self, secret: &str) -> String {
+        format!("Secret {}/{secret}", self.args.namespace)
+    }
+
+    async fn applied(&mut self, s: Secret) {
+        let name = s.name_any();
+        self.secrets.insert(name.clone(), s.clone());
+        match self.evaluate(&s).await {
+            Ok(()) => {
+                self.failing.remove(&name);
+                self.rt.ctx.remotes.clear_problem(&self.source(&name));
+            }
+            Err(why) => {
+                let first = self.failing.insert(name.clone());
+                self.refused(&s, why, first).await;
+            }
+        }
+        self.count_refused();
+    }
+
+    /// Joins, rotates or leaves alone the remote a Secret names.
+    async fn evaluate(&mut self, s: &Secret) -> Result<(), String> {
+        let secret = s.name_any();
+        let c = read_secret(s)?;
+        let registry = &self.rt.ctx.remotes;
+        let existing = registry.get(&c.name);
+        if let Some(m) = &existing {
+            match &m.origin {
+                Origin::Secret { name, hash } if *name == secret => {
+                    if *hash == c.hash {
+                        self.leaving.remove(&c.name);
+                        return Ok(());
+                    }
+                }
+                Origin::Secret { name, .. } if self.secrets.contains_key(name) => {
+                    return Err(format!(
+                        "remote {:?} is already named by Secret {name}",
+                        c.name
+                    ));
+                }
+                Origin::Secret { .. } => {} // its Secret is gone: this one takes over
+                Origin::Static => {
+                    return Err(format!(
+                        "remote {:?} is already the static remote (--kubeconfig/--remote-context)",
+                        c.name
+                    ));
+                }
+            }
+        }
+        let (client, at) = clients::secret_remote(c.kubeconfig, &self.args)
+            .await
+            .map_err(|e| e.to_string())?;
+        if at == self.local_authority {
+            return Err(format!("its server {at} is the local cluster's"));
+        }
+        let id = cluster_id(&client, self.args.api_timeout()).await?;
+        if self.local_id.as_deref() == Some(id.as_str()) {
+            return Err(format!("it reaches the local cluster (cluster id {id})"));
+        }
+        if let Some(other) = registry
+            .members()
+            .into_iter()
+            .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()))
+        {
+            return Err(format!(
+                "it reaches cluster {id}, already read as remote {:?}",
+                other.name()
+            ));
+        }
+        if let Some(was) = self.ids.get(&c.name)
+            && *was != id
+        {
+            return Err(format!(
+                "held: it now reaches cluster {id}, but remote {:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret",
+                c.name
+            ));
+        }
+        let remote = Remote {
+            name: c.name.clone(),
+            client,
+        };
+        let origin = Origin::Secret {
+            name: secret.clone(),
+            hash: c.hash,
+        };
+        crate::app::join(
+            &self.sup,
+            &self.rt,
+            &remote,
+            Some(id.clone()),
+            origin,
+            &self.args,
+        );
+        self.ids.insert(c.name.clone(), id.clone());
+        self.leaving.remove(&c.name);
+        self.retiring.remove(&c.name);
+        let change = if existing.is_some() {
+            "rotated"
+        } else {
+            "joined"
+        };
+        self.changed(change);
+        info!(remote = %c.name, secret = %self.source(&secret), cluster_id = %id, "remote {change}");
+        Ok(())
+    }
+
+    /// A Secret that cannot be used: reported; a remote it named keeps running as it was.
+    async fn refused(&self, s: &Secret, why: String, first: bool) {
+        let source = self.source(&s.name_any());
+        if first {
+            warn!(secret = %source, "not a usable remote: {why}");
+            self.changed("refused");
+        }
+        self.rt.ctx.remotes.set_problem(&source, why.clone());
+        let reference = s.object_ref(&());
+        self.rt
+            .ctx
+            .event(
+                EventType::Warning,
+                "RemoteRefused",
+                why,
+                "Join",
+                Some(reference),
+            )
+            .await;
+    }
+
+    /// A Secret deleted: its remote leaves after the grace (unless a Secret names it again).
+    fn deleted(&mut self, secret: &str) {
+        self.secrets.remove(secret);
+        self.failing.remove(secret);
+        self.rt.ctx.remotes.clear_problem(&self.source(secret));
+        self.count_refused();
+        for m in self.rt.ctx.remotes.members() {
+            if matches!(&m.origin, Origin::Secret { name, .. } if name == secret) {
+                let at = Instant::now() + self.grace();
+                info!(
+                    remote = %m.name(), secret = %self.source(secret), grace_s = self.grace().as_secs(),
+                    "remote Secret deleted: the remote leaves, and its followers are deleted, once the grace has passed"
+                );
+                self.leaving.insert(m.name().to_string(), at);
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let retry: Vec<Secret> = self
+            .failing
+            .iter()
+            .filter_map(|n| self.secrets.get(n).cloned())
+            .collect();
+        for s in retry {
+            self.applied(s).await;
+        }
+        let due: Vec<String> = self
+            .leaving
+            .iter()
+            .filter(|(_, at)| **at <= Instant::now())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.leave(&name);
+        }
+        let retiring: Vec<(String, crate::desired::Options)> = self
+            .retiring
+            .iter()
+            .map(|(n, o)| (n.clone(), o.clone()))
+            .collect();
+        for (name, opts) in retiring {
+            self.retire(&name, &opts).await;
+        }
+    }
+
+    /// The grace has passed: the remote stops being read (every replica), and its followers are
+    /// to be deleted.
+    fn leave(&mut self, name: &str) {
+        self.leaving.remove(name);
+        let Some(m) = self.rt.ctx.remotes.remove(name) else {
+            return;
+        };
+        self.ids.remove(name);
+        self.forget_series(name);
+        self.changed("left");
+        info!(remote = %name, "remote left: its watches stopped; its followers are deleted next");
+        self.retiring.insert(name.to_string(), m.state.opts.clone());
+    }
+
+    /// Deletes the followers of a remote that left, after a complete local listing (the leader
+    /// does; a standby keeps the task for when it leads). A failure is tried again next tick.
+    async fn retire(&mut self, name: &str, opts: &crate::desired::Options) {
+        if !self.rt.leader.is_leader() || self.rt.ctx.remotes.get(name).is_some() {
+            return;
+        }
+        let timeout = Duration::from_secs(self.args.sweep_list_timeout_seconds);
+        let ns = self.args.watch_namespaces.clone();
+        match crate::sweeper::retire(&self.rt.ctx, name, opts, &ns, timeout).await {
+            Ok(deleted) => {
+                self.retiring.remove(name);
+                info!(remote = %name, deleted, "followers of a remote that left deleted");
+                let note = format!(
+                    "remote {name} left (its Secret was deleted): {deleted} follower objects deleted"
+                );
+                self.rt
+                    .ctx
+                    .event(EventType::Normal, "RemoteLeft", note, "Leave", None)
+                    .await;
+            }
+            Err(e) => {
+                warn!(remote = %name, error = %e, "deleting the followers of a remote that left failed; retrying")
+            }
+        }
+    }
+
+    fn changed(&self, change: &str) {
+        self.rt
+            .ctx
+            .metrics
+            .remote_changes
+            .get_or_create(&labels([("change", change)]))
+            .inc();
+    }
+
+    fn count_refused(&self) {
+        self.rt
+            .ctx
+            .metrics
+            .remote_secrets_refused
+            .set(self.failing.len() as i64);
+    }
+
+    /// The gauges of a remote that left (counters stay: they only ever grow).
+    fn forget_series(&self, name: &str) {
+        let m = &self.rt.ctx.metrics;
+        let l = labels([("remote", name)]);
+        m.followers.remove(&l);
+        m.remote_up.remove(&l);
+        m.since_list.remove(&l);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn secret(labels: serde_json::Value, data: Option<&str>) -> Secret {
+        let mut s = json!({"metadata": {"name": "east-secret", "namespace": "fair-system",
+                                        "labels": labels}});
+        if let Some(d) = data {
+            use base64::Engine;
+            s["data"] = json!({DATA_KEY: base64::engine::general_purpose::STANDARD.encode(d)});
+        }
+        serde_json::from_value(s).expect("a Secret")
+    }
+
+    const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: east\n  cluster: {server: 'https://127.0.0.1:6443'}\nusers:\n- name: r\n  user: {token: abc}\ncontexts:\n- name: east\n  context: {cluster: east, user: r}\ncurrent-context: east\n";
+
+    #[test]
+    fn a_secret_names_its_remote_by_label_else_by_its_own_name() {
+        let c = read_secret(&secret(json!({NAME_KEY: "east"}), Some(KUBECONFIG))).unwrap();
+        assert_eq!(c.name, "east");
+        assert_eq!(c.hash.len(), 64);
+        let c = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert_eq!(c.name, "east-secret");
+    }
+
+    #[test]
+    fn a_bad_secret_says_what_is_wrong_in_one_line() {
+        let no_key = read_secret(&secret(json!({}), None)).unwrap_err();
+        assert!(no_key.contains("no data key \"kubeconfig\""), "{no_key}");
+        let bad = read_secret(&secret(json!({}), Some("clusters: [unclosed"))).unwrap_err();
+        assert!(bad.contains("is not a kubeconfig"), "{bad}");
+        assert!(!bad.contains('\n'));
+        let name = read_secret(&secret(json!({NAME_KEY: "-x"}), Some(KUBECONFIG))).unwrap_err();
+        assert!(name.contains("remote name"), "{name}");
+    }
+
+    #[test]
+    fn a_changed_kubeconfig_has_another_hash() {
+        let a = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        let rotated = KUBECONFIG.replace("abc", "def");
+        let b = read_secret(&secret(json!({}), Some(&rotated))).unwrap();
+        assert_ne!(a.hash, b.hash);
+    }
+}

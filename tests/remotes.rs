@@ -1,0 +1,439 @@
+//! Remotes joined and left at run time through Secrets, on three real clusters: east and south
+//! are remotes, west is local. The daemon here has no static remote (no --kubeconfig, no
+//! --remote-context): every remote it reads comes from a Secret in its namespace.
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use support::daemon::{Daemon, args_for};
+use support::{LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, obj, present};
+
+/// A third cluster of the bed, a remote of its own for these tests.
+const SOUTH: &str = "south";
+const WAIT: Duration = Duration::from_secs(60);
+const KEY: &str = "fair.com/cross-cluster";
+
+/// A daemon writing into `ns` of west whose remotes are the Secrets of `ns`; sweeps every 2 s,
+/// a remote leaves 2 s after its Secret is deleted.
+async fn daemon(ns: &str) -> Daemon {
+    let mut args = args_for(ns);
+    let i = args
+        .iter()
+        .position(|a| a == "--remote-context")
+        .expect("flag");
+    args.drain(i..i + 2);
+    args.extend(
+        [
+            "--sweep-schedule",
+            "*/2 * * * * *",
+            "--remote-removal-grace-seconds",
+            "2",
+            "--api-timeout-seconds",
+            "5",
+        ]
+        .map(String::from),
+    );
+    let d = Daemon::start_secrets_only(&args).await;
+    d.wait_leading().await;
+    d
+}
+
+/// The bed's kubeconfig with `context` as its current context, as YAML; `edit` may change it.
+async fn kubeconfig_of(context: &str, edit: impl FnOnce(&mut Kubeconfig)) -> String {
+    let mut kc = Kubeconfig::read_from(&bed().await.kubeconfig).expect("bed kubeconfig");
+    kc.current_context = Some(context.to_string());
+    edit(&mut kc);
+    serde_yaml::to_string(&kc).expect("kubeconfig yaml")
+}
+
+fn remote_secret(name: &str, remote: Option<&str>, kubeconfig: Option<&str>) -> Secret {
+    let mut labels = json!({"fair.com/cross-cluster-remote": "true"});
+    if let Some(r) = remote {
+        labels["fair.com/cross-cluster-name"] = json!(r);
+    }
+    let mut s = json!({"metadata": {"name": name, "labels": labels}});
+    if let Some(kc) = kubeconfig {
+        s["stringData"] = json!({"kubeconfig": kc});
+    }
+    obj(s)
+}
+
+fn leader(name: &str, port: i32) -> Service {
+    obj(json!({"metadata": {"name": name, "labels": {KEY: "true"}},
+               "spec": {"ports": [{"name": "http", "port": port}]}}))
+}
+
+async fn apply_secret(api: &Api<Secret>, s: &Secret) {
+    let name = s.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(serde_json::to_value(s).expect("json")),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply Secret {name}: {e}"));
+}
+
+async fn ready_lines(d: &Daemon) -> (u16, String) {
+    d.readyz().expect("readyz")
+}
+
+#[tokio::test]
+async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others() {
+    support::extra_cluster(SOUTH, "").await;
+    let ns = namespace_in("remotes-join", &[REMOTE, LOCAL, SOUTH]).await;
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let south: Api<Service> = Api::namespaced(client(SOUTH).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let pp = PostParams::default();
+    east.create(&pp, &leader("from-east", 80)).await.unwrap();
+    south.create(&pp, &leader("from-south", 80)).await.unwrap();
+    let d = daemon(&ns.name).await;
+
+    // join: a Secret per remote, no restart
+    let east_kc = kubeconfig_of(REMOTE, |_| {}).await;
+    apply_secret(&secrets, &remote_secret("east", None, Some(&east_kc))).await;
+    eventually("east's leader mirrored", WAIT, || {
+        present(&west, "from-east")
+    })
+    .await;
+    let south_kc = kubeconfig_of(SOUTH, |_| {}).await;
+    apply_secret(
+        &secrets,
+        &remote_secret("the-south-one", Some(SOUTH), Some(&south_kc)),
+    )
+    .await;
+    eventually("south's leader mirrored", WAIT, || {
+        present(&west, "from-south")
+    })
+    .await;
+    let f = west.get("from-south").await.unwrap();
+    assert_eq!(
+        f.annotations().get("fair.com/cross-cluster-origin-cluster"),
+        Some(&SOUTH.to_string()),
+        "named by its label, not the Secret's name"
+    );
+    d.wait_metric("xcc_remote_changes_total", &["change=\"joined\""], 2.0)
+        .await;
+    let east_before = west.get("from-east").await.unwrap();
+
+    // rotate: another kubeconfig text for the same cluster (here, renamed entries)
+    let rotated = kubeconfig_of(REMOTE, |kc| {
+        for u in &mut kc.auth_infos {
+            u.name = format!("{}-rotated", u.name);
+        }
+        for c in &mut kc.contexts {
+            if let Some(ctx) = c.context.as_mut() {
+                ctx.user = ctx.user.as_ref().map(|u| format!("{u}-rotated"));
+            }
+        }
+    })
+    .await;
+    let writes = d.metric("xcc_writes_total", &[]);
+    let unchanged = ["remote=\"east\"", "outcome=\"unchanged\""];
+    let passes = d.metric("xcc_reconciles_total", &unchanged);
+    apply_secret(&secrets, &remote_secret("east", None, Some(&rotated))).await;
+    d.wait_metric("xcc_remote_changes_total", &["change=\"rotated\""], 1.0)
+        .await;
+    // the new watches listed east and the pass over its leader found nothing to write
+    d.wait_metric("xcc_reconciles_total", &unchanged, passes + 1.0)
+        .await;
+    let east_rotated = west.get("from-east").await.unwrap();
+    assert_eq!(
+        east_rotated.resource_version(),
+        east_before.resource_version(),
+        "the rotation rewrote nothing"
+    );
+    assert_eq!(d.metric("xcc_writes_total", &[]), writes, "{}", d.logs());
+    // the rotated remote reads on: a change made after the rotation arrives
+    east.patch(
+        "from-east",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
+    )
+    .await
+    .unwrap();
+    eventually("the change after the rotation", WAIT, || async {
+        let f = west.get("from-east").await.map_err(|e| e.to_string())?;
+        let port = f.spec.and_then(|s| s.ports).map(|p| p[0].port);
+        (port == Some(81)).then_some(()).ok_or(format!("{port:?}"))
+    })
+    .await;
+    let east_after = west.get("from-east").await.unwrap();
+    assert_eq!(east_after.uid(), east_before.uid(), "not re-created");
+
+    // leave: south's Secret deleted; after the grace its follower goes, east's stays
+    secrets
+        .delete("the-south-one", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("south's follower deleted", WAIT, || {
+        absent(&west, "from-south")
+    })
+    .await;
+    d.wait_metric("xcc_remote_changes_total", &["change=\"left\""], 1.0)
+        .await;
+    assert_eq!(
+        west.get("from-east").await.unwrap().uid(),
+        east_before.uid()
+    );
+    assert!(d.logs().contains("remote left"), "{}", d.logs());
+    let events: Api<Event> = Api::namespaced(client(LOCAL).await, &ns.name);
+    eventually("the RemoteLeft Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RemoteLeft"))
+            .then_some(())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+    let (code, body) = ready_lines(&d).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains(SOUTH), "south is gone from /readyz: {body}");
+}
+
+#[tokio::test]
+async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flowing() {
+    let ns = namespace_in("remotes-bad", &[REMOTE, LOCAL]).await;
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    east.create(&PostParams::default(), &leader("web", 80))
+        .await
+        .unwrap();
+    let d = daemon(&ns.name).await;
+    let good = kubeconfig_of(REMOTE, |_| {}).await;
+    apply_secret(&secrets, &remote_secret("east", None, Some(&good))).await;
+    eventually("the good remote mirrored", WAIT, || present(&west, "web")).await;
+
+    let west_ca = {
+        let kc = Kubeconfig::read_from(&bed().await.kubeconfig).unwrap();
+        kc.clusters
+            .iter()
+            .find(|c| c.name == LOCAL)
+            .and_then(|c| c.cluster.as_ref())
+            .and_then(|c| c.certificate_authority_data.clone())
+            .expect("west's CA")
+    };
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cases: Vec<(&str, Option<String>, &str)> = vec![
+        ("no-key", None, "no data key \"kubeconfig\""),
+        (
+            "malformed",
+            Some("clusters: [unclosed".into()),
+            "is not a kubeconfig",
+        ),
+        (
+            "unknown-context",
+            Some(kubeconfig_of("nowhere", |_| {}).await),
+            "nowhere",
+        ),
+        (
+            "local",
+            Some(kubeconfig_of(LOCAL, |_| {}).await),
+            "local cluster",
+        ),
+        (
+            "other-ca",
+            Some(
+                kubeconfig_of(REMOTE, |kc| {
+                    for c in &mut kc.clusters {
+                        if c.name == REMOTE
+                            && let Some(cluster) = c.cluster.as_mut()
+                        {
+                            cluster.certificate_authority_data = Some(west_ca.clone());
+                        }
+                    }
+                })
+                .await,
+            ),
+            "UnknownIssuer",
+        ),
+        (
+            "unreachable",
+            Some(
+                kubeconfig_of(REMOTE, |kc| {
+                    for c in &mut kc.clusters {
+                        if c.name == REMOTE
+                            && let Some(cluster) = c.cluster.as_mut()
+                        {
+                            cluster.server = Some(format!("https://127.0.0.1:{closed}"));
+                        }
+                    }
+                })
+                .await,
+            ),
+            "Connect",
+        ),
+        (
+            "east-again",
+            Some(good.clone()),
+            "already read as remote \"east\"",
+        ),
+        // (its remote name, from its label, is east's)
+        (
+            "dup-name",
+            Some(good.clone()),
+            "is already named by Secret east",
+        ),
+    ];
+    for (name, kc, _) in &cases {
+        let remote = (*name == "dup-name").then_some("east");
+        apply_secret(&secrets, &remote_secret(name, remote, kc.as_deref())).await;
+    }
+    // each one named on /readyz with its reason
+    let body = eventually("every bad Secret on /readyz", WAIT, || async {
+        let (code, body) = d.readyz()?;
+        let missing: Vec<&str> = cases
+            .iter()
+            .filter(|(name, _, why)| {
+                !body
+                    .lines()
+                    .any(|l| l.contains(&format!("Secret {}/{name}:", ns.name)) && l.contains(why))
+            })
+            .map(|(name, _, _)| *name)
+            .collect();
+        if code == 503 && missing.is_empty() {
+            Ok(body)
+        } else {
+            Err(format!("{code}, missing {missing:?}:\n{body}"))
+        }
+    })
+    .await;
+    assert!(body.contains("remote east: synced"), "{body}");
+    assert_eq!(
+        d.gauge("xcc_remote_secrets_refused", &[]),
+        Some(cases.len() as f64)
+    );
+    // an Event on each bad Secret
+    let events: Api<Event> = Api::namespaced(client(LOCAL).await, &ns.name);
+    eventually(
+        "a RemoteRefused Event on every bad Secret",
+        WAIT,
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let missing: Vec<&str> = cases
+                .iter()
+                .map(|(name, _, _)| *name)
+                .filter(|name| {
+                    !list.items.iter().any(|e| {
+                        e.reason.as_deref() == Some("RemoteRefused")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(*name)
+                    })
+                })
+                .collect();
+            missing
+                .is_empty()
+                .then_some(())
+                .ok_or(format!("{missing:?}"))
+        },
+    )
+    .await;
+    // and the good remote keeps flowing
+    east.create(&PostParams::default(), &leader("later", 80))
+        .await
+        .unwrap();
+    eventually("a new leader of the good remote", WAIT, || {
+        present(&west, "later")
+    })
+    .await;
+    // a bad Secret fixed joins; one deleted leaves /readyz
+    apply_secret(
+        &secrets,
+        &remote_secret("no-key", Some("east-too"), Some(&good)),
+    )
+    .await;
+    secrets
+        .delete("malformed", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the fixed and the deleted Secret off /readyz",
+        WAIT,
+        || async {
+            let (_, body) = d.readyz()?;
+            let stale = body.contains("/malformed:");
+            // the fixed one reaches east again under another name: refused for that reason now
+            let fixed = body
+                .lines()
+                .any(|l| l.contains("/no-key:") && l.contains("already read as remote"));
+            (fixed && !stale).then_some(()).ok_or(body)
+        },
+    )
+    .await;
+    assert!(d.logs().contains("not a usable remote"), "{}", d.logs());
+}
+
+#[tokio::test]
+async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing() {
+    support::extra_cluster(SOUTH, "").await;
+    let ns = namespace_in("remotes-swap", &[REMOTE, LOCAL, SOUTH]).await;
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    for n in ["a", "b"] {
+        east.create(&PostParams::default(), &leader(n, 80))
+            .await
+            .unwrap();
+    }
+    let d = daemon(&ns.name).await;
+    let east_kc = kubeconfig_of(REMOTE, |_| {}).await;
+    apply_secret(&secrets, &remote_secret("east", None, Some(&east_kc))).await;
+    for n in ["a", "b"] {
+        eventually("east's leaders mirrored", WAIT, || present(&west, n)).await;
+    }
+    let uids: Vec<_> = [
+        west.get("a").await.unwrap().uid(),
+        west.get("b").await.unwrap().uid(),
+    ]
+    .to_vec();
+
+    // the same Secret now reaches south, where the namespace holds no leader at all: a complete
+    // listing of it would "prove" a and b gone
+    let south_kc = kubeconfig_of(SOUTH, |_| {}).await;
+    apply_secret(&secrets, &remote_secret("east", None, Some(&south_kc))).await;
+    let body = eventually("the swap held and shown on /readyz", WAIT, || async {
+        let (code, body) = d.readyz()?;
+        (code == 503 && body.contains("held: it now reaches cluster"))
+            .then_some(body.clone())
+            .ok_or(format!("{code} {body}"))
+    })
+    .await;
+    assert!(
+        body.contains("remote east: synced"),
+        "east is still read: {body}"
+    );
+    // several sweeps later, nothing was deleted
+    let sweeps = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
+    d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], sweeps + 2.0)
+        .await;
+    let now: Vec<_> = [
+        west.get("a").await.unwrap().uid(),
+        west.get("b").await.unwrap().uid(),
+    ]
+    .to_vec();
+    assert_eq!(now, uids, "no follower deleted or re-made");
+    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    // east still flows through the member that was running
+    east.create(&PostParams::default(), &leader("c", 80))
+        .await
+        .unwrap();
+    eventually("east still mirrored", WAIT, || present(&west, "c")).await;
+}
