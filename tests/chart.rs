@@ -112,6 +112,183 @@ async fn the_rendered_manifests_are_accepted_by_the_api_server() {
         .arg(&file));
 }
 
+/// `helm template` of the chart with `sets`: its documents, or helm's error.
+fn template(kubeconfig: &Path, sets: &[&str]) -> Result<Vec<serde_yaml::Value>, String> {
+    let mut cmd = helm(kubeconfig);
+    cmd.args([
+        "template",
+        "cross-cluster-controller",
+        CHART,
+        "--namespace",
+        "fair-system",
+        "--kube-version",
+        "1.34.4",
+    ]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.output().expect("run helm");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    Ok(serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect())
+}
+
+/// What a render gives the daemon about its remotes: the env values it reads them from, the
+/// Secret mounted as the static remote, and the verbs of Roles on Secrets.
+#[derive(Debug, PartialEq)]
+struct Remotes {
+    env: BTreeMap<String, String>,
+    static_secret: Option<String>,
+    secret_verbs: Vec<String>,
+}
+
+fn remotes(docs: &[serde_yaml::Value]) -> Remotes {
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("REMOTE_") || n == "KUBECONFIG_PATH")
+        })
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"]
+                    .as_str()
+                    .expect("a plain string value")
+                    .to_string(),
+            )
+        })
+        .collect();
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "remote-kubeconfig");
+    let mounted = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "remote-kubeconfig");
+    assert_eq!(volume.is_some(), mounted, "volume and mount go together");
+    let static_secret = volume.map(|v| v["secret"]["secretName"].as_str().unwrap().to_string());
+    let mut secret_verbs = Vec::new();
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        for rule in doc["rules"].as_sequence().into_iter().flatten() {
+            let resources = rule["resources"].as_sequence().unwrap();
+            if resources.iter().any(|r| r == "secrets" || r == "*") {
+                assert_eq!(kind, "Role", "Secrets only in a namespaced Role: {doc:?}");
+                assert_eq!(doc["metadata"]["namespace"], "fair-system");
+                secret_verbs.extend(
+                    rule["verbs"]
+                        .as_sequence()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_string()),
+                );
+            }
+        }
+    }
+    Remotes {
+        env,
+        static_secret,
+        secret_verbs,
+    }
+}
+
+#[tokio::test]
+async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_asked() {
+    let kc = bed().await.kubeconfig.clone();
+    let env = |v: &[(&str, &str)]| -> BTreeMap<String, String> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let ro = vec!["get".to_string(), "list".to_string(), "watch".to_string()];
+    let discovery = [
+        (
+            "REMOTE_SECRET_SELECTOR",
+            "fair.com/cross-cluster-remote=true",
+        ),
+        ("REMOTE_REMOVAL_GRACE_SECONDS", "30"),
+    ];
+    // the defaults: remotes from labelled Secrets, no static remote
+    assert_eq!(
+        remotes(&template(&kc, &[]).unwrap()),
+        Remotes {
+            env: env(&discovery),
+            static_secret: None,
+            secret_verbs: ro.clone(),
+        }
+    );
+    // a static remote as well, only when asked for
+    let static_env = [
+        ("KUBECONFIG_PATH", "/etc/cross-cluster/kubeconfig"),
+        ("REMOTE_SECRET_SELECTOR", "team=a"),
+        ("REMOTE_REMOVAL_GRACE_SECONDS", "120"),
+    ];
+    assert_eq!(
+        remotes(
+            &template(
+                &kc,
+                &[
+                    "remoteKubeconfig.existingSecret=mine",
+                    "remoteSecretSelector=team=a",
+                    "remoteRemovalGraceSeconds=120"
+                ]
+            )
+            .unwrap()
+        ),
+        Remotes {
+            env: env(&static_env),
+            static_secret: Some("mine".into()),
+            secret_verbs: ro.clone(),
+        }
+    );
+    // the static remote alone: the selector is passed empty (it turns Secrets off) and no
+    // Secret is granted
+    let created = remotes(
+        &template(
+            &kc,
+            &[
+                "remoteKubeconfig.create=true",
+                "remoteKubeconfig.content=apiVersion: v1",
+                "remoteSecretSelector=",
+            ],
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        created,
+        Remotes {
+            env: env(&[
+                ("KUBECONFIG_PATH", "/etc/cross-cluster/kubeconfig"),
+                ("REMOTE_SECRET_SELECTOR", ""),
+                ("REMOTE_REMOVAL_GRACE_SECONDS", "30"),
+            ]),
+            static_secret: Some("cross-cluster-controller-remote-kubeconfig".into()),
+            secret_verbs: vec![],
+        }
+    );
+    // no remote at all is refused
+    let err = template(&kc, &["remoteSecretSelector="]).unwrap_err();
+    assert!(err.contains("no remote cluster"), "{err}");
+}
+
 /// A kubeconfig whose only credential is a TokenRequest token of `sa` in `ns` of `context`.
 async fn token_kubeconfig(context: &str, ns: &str, sa: &str, dir: &Path) -> PathBuf {
     let token = support::mint_token(context, ns, sa).await;
@@ -253,7 +430,9 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
 }
 
 /// What `kubectl auth can-i --list` grants `who` in `ns` of the local cluster: resource ->
-/// verbs, without the non-resource URLs and the self-subject reviews every identity has.
+/// verbs, without the non-resource URLs and the self-subject reviews every identity has. A rule
+/// limited to named objects is keyed `resource[name ...]` (can-i prints its Resource Names
+/// column as `[kube-system]`), apart from the same resource without names.
 fn granted(kubeconfig: &Path, ns: &str, who: &str) -> BTreeMap<String, BTreeSet<String>> {
     const EVERYONE: [&str; 3] = [
         "selfsubjectreviews.authentication.k8s.io",
@@ -294,14 +473,19 @@ fn granted(kubeconfig: &Path, ns: &str, who: &str) -> BTreeMap<String, BTreeSet<
             .collect();
         assert_eq!(columns.len(), 3, "unexpected row: {line}");
         assert!(
-            columns[1].is_empty(),
-            "a rule limited to named objects: {line}"
+            columns[0].is_empty(),
+            "non-resource URLs on a resource row: {line}"
         );
         if EVERYONE.contains(&resource) {
             continue;
         }
+        let key = if columns[1].is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}[{}]", columns[1])
+        };
         rules
-            .entry(resource.to_string())
+            .entry(key)
             .or_default()
             .extend(columns[2].split_whitespace().map(str::to_string));
     }
@@ -374,31 +558,64 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     // patch for a series); its Lease: get, create, update
     let rw: &[&str] = &["create", "delete", "get", "list", "update", "watch"];
     let ro: &[&str] = &["get", "list", "watch"];
+    // remotes from Secrets: the writer lists and watches the labelled Secrets of its own
+    // namespace; a remote's reader gets the namespace kube-system (its uid is the cluster's id)
     let writer_needs = rules(&[
         ("endpoints", rw),
         ("endpointslices.discovery.k8s.io", rw),
         ("events.events.k8s.io", &["create", "patch"]),
         ("leases.coordination.k8s.io", &["create", "get", "update"]),
         ("namespaces", ro),
+        ("secrets", ro),
         ("services", rw),
     ]);
     let reader_needs = rules(&[
         ("endpoints", ro),
         ("endpointslices.discovery.k8s.io", ro),
+        ("namespaces[kube-system]", &["get"]),
         ("services", ro),
     ]);
     let writer_has = granted(&kc, &ns.name, &writer);
     let reader_has = granted(&kc, &ns.name, &reader);
     assert_eq!(writer_has, writer_needs, "the writer's rights");
     assert_eq!(reader_has, reader_needs, "the reader's rights");
-    for who in [&writer, &reader] {
-        for verb in ["get", "list"] {
+    // the writer's Secrets are those of the release namespace, no other; the reader has none
+    for verb in ["get", "list", "watch"] {
+        assert!(
+            can_i(&kc, &ns.name, &writer, verb, "secrets"),
+            "the writer may {verb} Secrets in {}",
+            ns.name
+        );
+        for other in ["kube-system", "default"] {
             assert!(
-                !can_i(&kc, &ns.name, who, verb, "secrets"),
-                "{who} may {verb} Secrets"
+                !can_i(&kc, other, &writer, verb, "secrets"),
+                "the writer may {verb} Secrets in {other}"
+            );
+        }
+        for any in [ns.name.as_str(), "kube-system", "default"] {
+            assert!(
+                !can_i(&kc, any, &reader, verb, "secrets"),
+                "the reader may {verb} Secrets in {any}"
             );
         }
     }
+    // the reader's one namespace is kube-system, and only by name
+    assert!(can_i(
+        &kc,
+        &ns.name,
+        &reader,
+        "get",
+        "namespaces/kube-system"
+    ));
+    assert!(!can_i(&kc, &ns.name, &reader, "get", "namespaces/default"));
+    assert!(!can_i(
+        &kc,
+        &ns.name,
+        &reader,
+        "get",
+        &format!("namespaces/{}", ns.name)
+    ));
+    assert!(!can_i(&kc, &ns.name, &reader, "list", "namespaces"));
     // the Lease right is confined to the release namespace
     assert!(can_i(&kc, &ns.name, &writer, "update", "leases"));
     assert!(!can_i(&kc, "kube-system", &writer, "update", "leases"));
@@ -507,10 +724,10 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         support::fault::Report {
             id: "72-security-rbac",
             scenario: "The chart's two identities, as the API server grants them (kubectl auth can-i --list), against what the daemon sends",
-            done: "helm install; can-i --list for the writer ServiceAccount and cross-cluster-remote-reader; a daemon with only the writer's token created, updated and deleted a follower and recorded an Event",
+            done: "helm install; can-i --list for the writer ServiceAccount and cross-cluster-remote-reader, can-i on Secrets in other namespaces; a daemon with only the writer's token created, updated and deleted a follower and recorded an Event",
             converge: None,
             note: format!(
-                "writer: {}; reader: {}; no Secrets for either; Lease only in the release namespace; the chart no longer grants patch on Services/Endpoints/EndpointSlices nor core Events (never used)",
+                "writer: {}; reader: {}; the writer's Secrets (remote kubeconfigs) and Lease only in the release namespace, no Secret for the reader, whose only namespace is kube-system (by name); the chart no longer grants patch on Services/Endpoints/EndpointSlices nor core Events (never used)",
                 show(&writer_has),
                 show(&reader_has)
             ),

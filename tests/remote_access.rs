@@ -5,10 +5,10 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::json;
@@ -117,8 +117,21 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
         "create slice",
         slices.create(&PostParams::default(), &slice).await,
     );
-    let secrets: Api<Secret> = Api::namespaced(ro, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(ro.clone(), &ns.name);
     forbidden("read secrets", secrets.list(&Default::default()).await);
+    // the one namespace it may read is kube-system, by name: its uid is the cluster's id
+    let namespaces: Api<Namespace> = Api::all(ro);
+    let kube_system = namespaces
+        .get("kube-system")
+        .await
+        .expect("getting the namespace kube-system is allowed");
+    assert!(kube_system.metadata.uid.is_some());
+    forbidden("get another namespace", namespaces.get(&ns.name).await);
+    forbidden("get default", namespaces.get("default").await);
+    forbidden(
+        "list namespaces",
+        namespaces.list(&Default::default()).await,
+    );
 
     // the daemon in the other cluster runs with exactly this kubeconfig for its remote
     let daemon_args: Vec<String> = [
@@ -169,9 +182,53 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
         .create(&PostParams::default(), &secret)
         .await
         .expect("the Secret applies as printed");
+    assert_eq!(
+        applied.metadata.name.as_deref(),
+        Some("cross-cluster-remote-kubeconfig")
+    );
+    // what the daemon discovers remotes from: its default selector finds it, named after
+    // --cluster-name, the kubeconfig under the key kubeconfig
+    let found = west_secrets
+        .list(&ListParams::default().labels("fair.com/cross-cluster-remote=true"))
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1, "the default selector finds it");
+    let labels = applied.metadata.labels.clone().unwrap();
+    assert_eq!(
+        labels
+            .get("fair.com/cross-cluster-name")
+            .map(String::as_str),
+        Some("east-ro")
+    );
     let data = applied.data.unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["kubeconfig"]);
     let inner = String::from_utf8(data["kubeconfig"].0.clone()).unwrap();
-    assert!(Kubeconfig::from_yaml(&inner).is_ok());
+    let inner = Kubeconfig::from_yaml(&inner).unwrap();
+    assert_eq!(inner.current_context.as_deref(), Some("east-ro"));
+
+    // without --cluster-name, the remote is named after the context used
+    let (unnamed, _) = remote_access(&[
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "1h",
+        "--output",
+        "secret",
+        "--secret-name",
+        "by-context",
+        "--secret-namespace",
+        &ns.name,
+    ]);
+    let unnamed: Secret = serde_yaml::from_str(&unnamed).unwrap();
+    assert_eq!(unnamed.metadata.name.as_deref(), Some("by-context"));
+    assert_eq!(
+        unnamed.metadata.labels.unwrap()["fair.com/cross-cluster-name"],
+        REMOTE
+    );
 
     let admin = client(REMOTE).await;
     let name = format!("cross-cluster-remote-reader-{}", ns.name);
@@ -181,4 +238,44 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
     let _ = Api::<ClusterRole>::all(admin)
         .delete(&name, &DeleteParams::default())
         .await;
+}
+
+#[tokio::test]
+async fn an_existing_reader_role_without_the_cluster_id_right_is_named_and_left_alone() {
+    let ns = namespace("remote-access-old-role").await;
+    let kc = bed().await.kubeconfig.to_string_lossy().to_string();
+    let admin = client(REMOTE).await;
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let name = format!("cross-cluster-remote-reader-{}", ns.name);
+    // the ClusterRole as the chart and remote-access made it before the cluster id was read
+    let old: ClusterRole = obj(json!({"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]}));
+    roles.create(&PostParams::default(), &old).await.unwrap();
+    let (_, stderr) = remote_access(&[
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "1h",
+    ]);
+    assert!(
+        stderr.contains(&format!(
+            "warning: the existing ClusterRole {name} does not grant get namespaces/kube-system"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        roles.get(&name).await.unwrap().rules,
+        old.rules,
+        "an existing ClusterRole is not changed"
+    );
+    let _ = Api::<ClusterRoleBinding>::all(admin)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let _ = roles.delete(&name, &DeleteParams::default()).await;
 }

@@ -51,15 +51,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* Secret holding the remote kubeconfig (key `kubeconfig`). */}}
+{{/* "true" when a static remote kubeconfig is mounted (remoteKubeconfig.existingSecret or
+create), else empty: by default the remotes come from the Secrets remoteSecretSelector selects. */}}
+{{- define "ccc.staticRemote" -}}
+{{- if or .Values.remoteKubeconfig.create .Values.remoteKubeconfig.existingSecret }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
+{{/* Secret holding the static remote's kubeconfig (key `kubeconfig`); empty without one. */}}
 {{- define "ccc.remoteKubeconfigSecret" -}}
 {{- if .Values.remoteKubeconfig.create }}
 {{- printf "%s-remote-kubeconfig" (include "ccc.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- else if .Values.remoteKubeconfig.existingSecret }}
 {{- .Values.remoteKubeconfig.existingSecret }}
-{{- else }}
-{{- /* the default of `cross-cluster-controller remote-access --output secret` */}}
-{{- print "cross-cluster-remote-kubeconfig" }}
 {{- end }}
 {{- end }}
 
@@ -98,6 +103,9 @@ looks for (`<serviceAccount>-<namespace>`), so that it reuses these instead of c
 {{- end }}
 {{- if and .Values.remoteKubeconfig.create (not .Values.remoteKubeconfig.content) }}
 {{- fail "remoteKubeconfig.create=true needs remoteKubeconfig.content (use --set-file remoteKubeconfig.content=PATH)" }}
+{{- end }}
+{{- if not (or .Values.remoteSecretSelector (include "ccc.staticRemote" .) .Values.remoteContext) }}
+{{- fail "no remote cluster: set remoteSecretSelector (remotes from labelled Secrets), remoteKubeconfig.existingSecret or remoteKubeconfig.create=true" }}
 {{- end }}
 {{- if and .Values.sentry.dsn .Values.sentry.existingSecret }}
 {{- fail "sentry: set either dsn or existingSecret, not both" }}
