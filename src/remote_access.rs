@@ -40,9 +40,10 @@ pub struct RemoteAccessArgs {
     pub output: Output,
     /// Name and namespace of the Secret (with --output secret): the reading daemon's namespace (the
     /// chart's release namespace), where it discovers remotes by the Secret's label
-    /// `fair.com/cross-cluster-remote=true`. One Secret per remote: give each its own name.
-    #[arg(long, default_value = "cross-cluster-remote-kubeconfig")]
-    pub secret_name: String,
+    /// `fair.com/cross-cluster-remote=true`. Default: `cross-cluster-remote-<cluster name>`, so
+    /// each remote gets its own Secret.
+    #[arg(long)]
+    pub secret_name: Option<String>,
     #[arg(long, default_value = "fair-system")]
     pub secret_namespace: String,
     /// API server URL as the OTHER cluster reaches it (default: the URL in the kubeconfig).
@@ -174,6 +175,17 @@ where
     }
 }
 
+/// `cross-cluster-remote-<name>`, made a valid object name (lower case, other characters '-').
+pub fn default_secret_name(name: &str) -> String {
+    let mut s: String = format!("cross-cluster-remote-{name}")
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    s.truncate(253);
+    s.trim_end_matches('-').to_string()
+}
+
 /// The printed text (kubeconfig or Secret), from the parts gathered. The Secret is what the daemon
 /// discovers remotes from: in its namespace, labelled `fair.com/cross-cluster-remote=true`, the
 /// kubeconfig under the key `kubeconfig`, the remote's name in the label
@@ -212,7 +224,10 @@ pub fn render(
                 "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {}\n  namespace: {}\n  labels:\n    \
                  app.kubernetes.io/name: cross-cluster-controller\n    {REMOTE_SECRET_LABEL}: \"true\"\n{labels}\
                  {annotations}type: Opaque\nstringData:\n  kubeconfig: |\n{indented}",
-                q(&args.secret_name),
+                q(&args
+                    .secret_name
+                    .clone()
+                    .unwrap_or_else(|| default_secret_name(name))),
                 q(&args.secret_namespace)
             )
         }
@@ -392,8 +407,12 @@ mod tests {
     fn the_secret_holds_a_parseable_kubeconfig() {
         let secret = secret(&[], "east");
         assert_eq!(
-            secret["metadata"]["name"],
-            "cross-cluster-remote-kubeconfig"
+            secret["metadata"]["name"], "cross-cluster-remote-east",
+            "one Secret per remote by default"
+        );
+        assert_eq!(
+            default_secret_name("arn:aws:eks:eu-west-1:1:cluster/East"),
+            "cross-cluster-remote-arn-aws-eks-eu-west-1-1-cluster-east"
         );
         assert_eq!(secret["metadata"]["namespace"], "fair-system");
         let kc = inner_kubeconfig(&secret);

@@ -57,9 +57,10 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
         .or_else(|| s.annotations().get(NAME_KEY))
         .cloned()
         .unwrap_or(secret_name);
-    if name.is_empty() || name.len() > 63 || !is_label_value(&name) {
+    // as --cluster-name: it is recorded in annotations and metric labels, never a label
+    if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
         return Err(format!(
-            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 63 letters, digits, '-', '_' or '.'"
+            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 253 printable characters"
         ));
     }
     let bytes = s
@@ -82,13 +83,6 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
         kubeconfig,
         hash: hex::encode(Sha256::digest(text.as_bytes())),
     })
-}
-
-fn is_label_value(s: &str) -> bool {
-    s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 fn one_line(e: impl std::fmt::Display) -> String {
@@ -492,8 +486,15 @@ mod tests {
         let bad = read_secret(&secret(json!({}), Some("clusters: [unclosed"))).unwrap_err();
         assert!(bad.contains("is not a kubeconfig"), "{bad}");
         assert!(!bad.contains('\n'));
-        let name = read_secret(&secret(json!({NAME_KEY: "-x"}), Some(KUBECONFIG))).unwrap_err();
+        let mut long = secret(json!({}), Some(KUBECONFIG));
+        long.metadata.annotations = Some([(NAME_KEY.to_string(), "x".repeat(254))].into());
+        let name = read_secret(&long).unwrap_err();
         assert!(name.contains("remote name"), "{name}");
+        // a name that is no label value (an EKS ARN, say) comes in the annotation
+        let arn = "arn:aws:eks:eu-west-1:123456789012:cluster/east";
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations = Some([(NAME_KEY.to_string(), arn.to_string())].into());
+        assert_eq!(read_secret(&s).unwrap().name, arn);
     }
 
     #[test]

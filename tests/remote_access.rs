@@ -184,7 +184,7 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
         .expect("the Secret applies as printed");
     assert_eq!(
         applied.metadata.name.as_deref(),
-        Some("cross-cluster-remote-kubeconfig")
+        Some("cross-cluster-remote-east-ro")
     );
     // what the daemon discovers remotes from: its default selector finds it, named after
     // --cluster-name, the kubeconfig under the key kubeconfig

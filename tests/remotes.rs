@@ -3,7 +3,8 @@
 //! --remote-context): every remote it reads comes from a Secret in its namespace.
 mod support;
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::events::v1::Event;
@@ -12,6 +13,7 @@ use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for};
+use support::fault::{Lost, Report, conclude, snapshot};
 use support::{LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, obj, present};
 
 /// A third cluster of the bed, a remote of its own for these tests.
@@ -84,6 +86,20 @@ async fn ready_lines(d: &Daemon) -> (u16, String) {
     d.readyz().expect("readyz")
 }
 
+/// A plain local Service beside the followers: what must never be touched.
+async fn decoy(west: &Api<Service>) {
+    west.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": "decoy"}, "spec": {"ports": [{"port": 5432}]}})),
+    )
+    .await
+    .unwrap();
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
 #[tokio::test]
 async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others() {
     support::extra_cluster(SOUTH, "").await;
@@ -95,6 +111,7 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     let pp = PostParams::default();
     east.create(&pp, &leader("from-east", 80)).await.unwrap();
     south.create(&pp, &leader("from-south", 80)).await.unwrap();
+    decoy(&west).await;
     let d = daemon(&ns.name).await;
 
     // join: a Secret per remote, no restart
@@ -123,6 +140,8 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     d.wait_metric("xcc_remote_changes_total", &["change=\"joined\""], 2.0)
         .await;
     let east_before = west.get("from-east").await.unwrap();
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
 
     // rotate: another kubeconfig text for the same cluster (here, renamed entries)
     let rotated = kubeconfig_of(REMOTE, |kc| {
@@ -174,10 +193,12 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
         .delete("the-south-one", &DeleteParams::default())
         .await
         .unwrap();
+    let t0 = Instant::now();
     eventually("south's follower deleted", WAIT, || {
         absent(&west, "from-south")
     })
     .await;
+    let left = t0.elapsed();
     d.wait_metric("xcc_remote_changes_total", &["change=\"left\""], 1.0)
         .await;
     assert_eq!(
@@ -201,6 +222,18 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     let (code, body) = ready_lines(&d).await;
     assert_eq!(code, 200, "{body}");
     assert!(!body.contains(SOUTH), "south is gone from /readyz: {body}");
+    let after = snapshot(&lc, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "40-remote-secrets-join-rotate-leave",
+            scenario: "Remotes joined, rotated and left at run time through Secrets (three clusters)",
+            done: "a daemon with no static remote; Secrets for east and south applied while it ran; east's kubeconfig replaced; south's Secret deleted (grace 2 s)",
+            converge: Some(left),
+            note: "converged in: from south's Secret deleted to its follower gone, the 2 s grace included; both remotes joined without a restart; the rotation rewrote nothing (resourceVersion and write count unchanged) and a later change arrived; east's follower kept its uid; RemoteLeft Event".into(),
+        },
+        &Lost::since(&before, &after, &names(&["from-east"])),
+        &before.non_followers_touched(&after),
+    );
 }
 
 #[tokio::test]
@@ -212,10 +245,13 @@ async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flo
     east.create(&PostParams::default(), &leader("web", 80))
         .await
         .unwrap();
+    decoy(&west).await;
     let d = daemon(&ns.name).await;
     let good = kubeconfig_of(REMOTE, |_| {}).await;
     apply_secret(&secrets, &remote_secret("east", None, Some(&good))).await;
     eventually("the good remote mirrored", WAIT, || present(&west, "web")).await;
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
 
     let west_ca = {
         let kc = Kubeconfig::read_from(&bed().await.kubeconfig).unwrap();
@@ -295,6 +331,7 @@ async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flo
         let remote = (*name == "dup-name").then_some("east");
         apply_secret(&secrets, &remote_secret(name, remote, kc.as_deref())).await;
     }
+    let t0 = Instant::now();
     // each one named on /readyz with its reason
     let body = eventually("every bad Secret on /readyz", WAIT, || async {
         let (code, body) = d.readyz()?;
@@ -314,6 +351,7 @@ async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flo
         }
     })
     .await;
+    let shown = t0.elapsed();
     assert!(body.contains("remote east: synced"), "{body}");
     assert_eq!(
         d.gauge("xcc_remote_secrets_refused", &[]),
@@ -379,6 +417,26 @@ async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flo
     )
     .await;
     assert!(d.logs().contains("not a usable remote"), "{}", d.logs());
+    let after = snapshot(&lc, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "64-bad-remote-secrets",
+            scenario: "Bad remote Secrets beside a good one",
+            done: &format!(
+                "{} Secrets applied under a running daemon that reads east from a good one: no kubeconfig key, not a kubeconfig, unknown context, the local cluster, another cluster's CA, an unreachable server, east again under another name, east's name again; then one fixed and one deleted",
+                cases.len()
+            ),
+            converge: None,
+            note: format!(
+                "all {} on /readyz (503), each with its reason, {:.1} s after they were applied; a RemoteRefused Event on each Secret; xcc_remote_secrets_refused {}; east kept flowing (a new leader mirrored meanwhile); the deleted one left /readyz",
+                cases.len(),
+                shown.as_secs_f64(),
+                cases.len()
+            ),
+        },
+        &Lost::since(&before, &after, &names(&["web"])),
+        &before.non_followers_touched(&after),
+    );
 }
 
 #[tokio::test]
@@ -393,6 +451,7 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
             .await
             .unwrap();
     }
+    decoy(&west).await;
     let d = daemon(&ns.name).await;
     let east_kc = kubeconfig_of(REMOTE, |_| {}).await;
     apply_secret(&secrets, &remote_secret("east", None, Some(&east_kc))).await;
@@ -405,10 +464,14 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
     ]
     .to_vec();
 
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+
     // the same Secret now reaches south, where the namespace holds no leader at all: a complete
     // listing of it would "prove" a and b gone
     let south_kc = kubeconfig_of(SOUTH, |_| {}).await;
     apply_secret(&secrets, &remote_secret("east", None, Some(&south_kc))).await;
+    let t0 = Instant::now();
     let body = eventually("the swap held and shown on /readyz", WAIT, || async {
         let (code, body) = d.readyz()?;
         (code == 503 && body.contains("held: it now reaches cluster"))
@@ -416,6 +479,7 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
             .ok_or(format!("{code} {body}"))
     })
     .await;
+    let shown = t0.elapsed();
     assert!(
         body.contains("remote east: synced"),
         "east is still read: {body}"
@@ -436,4 +500,19 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
         .await
         .unwrap();
     eventually("east still mirrored", WAIT, || present(&west, "c")).await;
+    let after = snapshot(&lc, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "65-remote-secret-swapped",
+            scenario: "A remote's Secret swapped to another cluster (same name, an empty namespace there)",
+            done: "east's Secret replaced by a kubeconfig of south, whose namespace holds no leader",
+            converge: None,
+            note: format!(
+                "held, not switched: shown on /readyz {:.1} s after the swap (\"held: it now reaches cluster ...\"); 2 sweeps later 0 deletes, both followers kept their uids; east still read through the member that was running (a new leader mirrored)",
+                shown.as_secs_f64()
+            ),
+        },
+        &Lost::since(&before, &after, &names(&["a", "b"])),
+        &before.non_followers_touched(&after),
+    );
 }
