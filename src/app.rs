@@ -275,6 +275,7 @@ pub(crate) fn join(
         label_key: args.label_key.clone(),
         cluster_name: remote.name.clone(),
         endpoints_mode: args.endpoints_mode.into(),
+        cluster_id: cluster_id.clone(),
     };
     rt.ctx.metrics.init_remote(&remote.name);
     let state = RemoteState::new(&remote.name, opts, args.watch_namespaces.clone());

@@ -430,6 +430,7 @@ pub fn opts() -> Options {
         label_key: DEFAULT_LABEL_KEY.to_string(),
         cluster_name: REMOTE.to_string(),
         endpoints_mode: EndpointsMode::Slices,
+        cluster_id: None,
     }
 }
 

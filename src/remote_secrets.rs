@@ -162,6 +162,10 @@ impl Source {
 
     /// Follows the Secrets until shutdown.
     pub async fn run(mut self) {
+        // the local followers say which cluster each remote name was: listed first
+        while !self.rt.ctx.local.ready() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.args.namespace);
         let cfg = watcher::Config::default()
             .labels(&self.args.remote_secret_selector)
@@ -282,7 +286,11 @@ impl Source {
                 other.name()
             ));
         }
-        if let Some(was) = self.ids.get(&c.name)
+        let recorded = self.recorded_ids(&c.name);
+        if let Some(was) = self
+            .ids
+            .get(&c.name)
+            .or_else(|| recorded.iter().find(|r| **r != id))
             && *was != id
         {
             return Err(format!(
@@ -317,6 +325,28 @@ impl Source {
         self.changed(change);
         info!(remote = %c.name, secret = %self.source(&secret), cluster_id = %id, "remote {change}");
         Ok(())
+    }
+
+    /// The cluster ids the local followers of remote `name` record (a restarted daemon's memory
+    /// of which cluster a remote is).
+    fn recorded_ids(&self, name: &str) -> BTreeSet<String> {
+        let opts = crate::desired::Options {
+            label_key: self.args.label_key.clone(),
+            cluster_name: name.to_string(),
+            endpoints_mode: self.args.endpoints_mode.into(),
+            cluster_id: None,
+        };
+        let (origin, id_key) = (
+            opts.origin_cluster_annotation(),
+            opts.origin_cluster_id_annotation(),
+        );
+        let services = crate::reconcile::read(&self.rt.ctx.local.services);
+        services
+            .keys()
+            .filter_map(|k| services.named(k).ok().flatten())
+            .filter(|s| s.annotations().get(&origin).map(String::as_str) == Some(name))
+            .filter_map(|s| s.annotations().get(&id_key).cloned())
+            .collect()
     }
 
     /// A Secret that cannot be used: reported; a remote it named keeps running as it was.

@@ -325,6 +325,7 @@ mod tests {
             label_key: "fair.com/cross-cluster".into(),
             cluster_name: "east".into(),
             endpoints_mode: EndpointsMode::Slices,
+            cluster_id: None,
         }
     }
 

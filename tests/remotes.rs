@@ -24,6 +24,13 @@ const KEY: &str = "fair.com/cross-cluster";
 /// A daemon writing into `ns` of west whose remotes are the Secrets of `ns`; sweeps every 2 s,
 /// a remote leaves 2 s after its Secret is deleted.
 async fn daemon(ns: &str) -> Daemon {
+    let d = daemon_started(ns).await;
+    d.wait_leading().await;
+    d
+}
+
+/// [`daemon`], not waiting for it to be ready.
+async fn daemon_started(ns: &str) -> Daemon {
     let mut args = args_for(ns);
     let i = args
         .iter()
@@ -41,9 +48,7 @@ async fn daemon(ns: &str) -> Daemon {
         ]
         .map(String::from),
     );
-    let d = Daemon::start_secrets_only(&args).await;
-    d.wait_leading().await;
-    d
+    Daemon::start_secrets_only(&args).await
 }
 
 /// The bed's kubeconfig with `context` as its current context, as YAML; `edit` may change it.
@@ -452,7 +457,7 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
             .unwrap();
     }
     decoy(&west).await;
-    let d = daemon(&ns.name).await;
+    let mut d = daemon(&ns.name).await;
     let east_kc = kubeconfig_of(REMOTE, |_| {}).await;
     apply_secret(&secrets, &remote_secret("east", None, Some(&east_kc))).await;
     for n in ["a", "b"] {
@@ -500,12 +505,49 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
         .await
         .unwrap();
     eventually("east still mirrored", WAIT, || present(&west, "c")).await;
+
+    // a new process finds the Secret already pointing at south: the followers record which
+    // cluster east was (annotation origin-cluster-id), so it holds too
+    let uids: Vec<_> = [
+        west.get("a").await.unwrap().uid(),
+        west.get("b").await.unwrap().uid(),
+        west.get("c").await.unwrap().uid(),
+    ]
+    .to_vec();
+    d.kill();
+    let d2 = daemon_started(&ns.name).await;
+    eventually("the restarted daemon to hold the swap", WAIT, || async {
+        let (code, body) = d2.readyz()?;
+        (code == 503 && body.contains("held: it now reaches cluster"))
+            .then_some(())
+            .ok_or(format!("{code} {body}"))
+    })
+    .await;
+    // held before any watch of south could start: it never became a remote, so nothing of
+    // south's was listed and nothing can be judged gone
+    eventually("the restarted daemon to lead", WAIT, || async {
+        let g = d2.gauge("xcc_leader", &[]);
+        (g == Some(1.0)).then_some(()).ok_or(format!("{g:?}"))
+    })
+    .await;
+    let now: Vec<_> = [
+        west.get("a").await.unwrap().uid(),
+        west.get("b").await.unwrap().uid(),
+        west.get("c").await.unwrap().uid(),
+    ]
+    .to_vec();
+    assert_eq!(
+        now, uids,
+        "no follower deleted or re-made after the restart"
+    );
+    assert_eq!(d2.metric("xcc_writes_total", &[]), 0.0, "{}", d2.logs());
+    assert!(!d2.logs().contains("remote joined"), "{}", d2.logs());
     let after = snapshot(&lc, &[&ns.name]).await;
     conclude(
         Report {
             id: "65-remote-secret-swapped",
             scenario: "A remote's Secret swapped to another cluster (same name, an empty namespace there)",
-            done: "east's Secret replaced by a kubeconfig of south, whose namespace holds no leader",
+            done: "east's Secret replaced by a kubeconfig of south, whose namespace holds no leader; then the daemon SIGKILLed and started again",
             converge: None,
             note: format!(
                 "held, not switched: shown on /readyz {:.1} s after the swap (\"held: it now reaches cluster ...\"); 2 sweeps later 0 deletes, both followers kept their uids; east still read through the member that was running (a new leader mirrored)",

@@ -93,6 +93,9 @@ pub(crate) fn merge_metadata(actual: &mut ObjectMeta, desired: &ObjectMeta) {
 pub(crate) fn origin_annotations(namespace: &str, name: &str, opts: &Options) -> StringMap {
     let mut annotations = StringMap::new();
     annotations.insert(opts.origin_cluster_annotation(), opts.cluster_name.clone());
+    if let Some(id) = &opts.cluster_id {
+        annotations.insert(opts.origin_cluster_id_annotation(), id.clone());
+    }
     annotations.insert(
         opts.origin_object_annotation(),
         format!("{namespace}/{name}"),

@@ -86,6 +86,9 @@ pub struct Options {
     pub cluster_name: String,
     /// Which local endpoint objects to write.
     pub endpoints_mode: EndpointsMode,
+    /// The remote cluster's id (its kube-system uid), recorded in an annotation when known, so a
+    /// remote's name can never be taken over by another cluster unseen, even across restarts.
+    pub cluster_id: Option<String>,
 }
 
 impl Options {
@@ -115,6 +118,11 @@ impl Options {
     /// Annotation naming the remote cluster a follower comes from.
     pub fn origin_cluster_annotation(&self) -> String {
         self.annotation("origin-cluster")
+    }
+
+    /// Annotation holding the id of the remote cluster a follower comes from.
+    pub fn origin_cluster_id_annotation(&self) -> String {
+        self.annotation("origin-cluster-id")
     }
 
     /// Annotation holding `namespace/name` of the remote leader Service.
@@ -353,6 +361,7 @@ pub(crate) mod test_support {
             label_key: DEFAULT_LABEL_KEY.to_string(),
             cluster_name: "remote-a".to_string(),
             endpoints_mode: mode,
+            cluster_id: None,
         }
     }
 
