@@ -39,7 +39,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     }
     for (source, why) in s.remotes.problems() {
         ready = false;
-        lines.push(format!("{source}: not a remote: {why}"));
+        lines.push(format!("{source}: {why}"));
     }
     let ok = s.local.ready();
     ready &= ok;

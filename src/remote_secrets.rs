@@ -172,13 +172,33 @@ impl Source {
             .timeout(self.args.api_timeout_seconds);
         let stream = watcher(api, cfg).default_backoff();
         let mut stream = std::pin::pin!(stream);
+        // not ready until the Secrets have been listed once: remotes may still be missing
+        let listing_source = format!("remote Secrets in {}", self.args.namespace);
+        let registry = std::sync::Arc::clone(&self.rt.ctx.remotes);
+        registry.set_problem(&listing_source, "not listed yet".into());
+        let mut listed_once = false;
         let mut tick = tokio::time::interval(RETRY.min(self.grace()).max(Duration::from_secs(1)));
         let mut listing: Option<BTreeSet<String>> = None;
         loop {
             tokio::select! {
                 ev = stream.next() => match ev {
-                    Some(Ok(ev)) => self.on_event(ev, &mut listing).await,
-                    Some(Err(e)) => warn!(error = %crate::error::chain(&e), "watch of remote Secrets failing; retrying"),
+                    Some(Ok(ev)) => {
+                        let listed = matches!(ev, Event::InitDone);
+                        self.on_event(ev, &mut listing).await;
+                        if listed {
+                            listed_once = true;
+                            registry.clear_problem(&listing_source);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let why = crate::error::chain(&e);
+                        warn!(error = %why, "watch of remote Secrets failing; retrying");
+                        // before the first listing, /readyz says why it has not come; after it,
+                        // the remotes known keep running and the log says it
+                        if !listed_once {
+                            registry.set_problem(&listing_source, format!("not listed yet: {why}"));
+                        }
+                    }
                     None => return,
                 },
                 _ = tick.tick() => self.on_tick().await,
@@ -356,7 +376,10 @@ impl Source {
             warn!(secret = %source, "not a usable remote: {why}");
             self.changed("refused");
         }
-        self.rt.ctx.remotes.set_problem(&source, why.clone());
+        self.rt
+            .ctx
+            .remotes
+            .set_problem(&source, format!("not a remote: {why}"));
         let reference = s.object_ref(&());
         self.rt
             .ctx

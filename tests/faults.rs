@@ -932,6 +932,16 @@ async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
         body.contains("Unauthorized") || body.contains("401"),
         "{body}"
     );
+    // /readyz turns at the first refused watch; the leader watch may still be open then, and a
+    // delete it streams is a confirmed delete: wait until it too is refused
+    eventually("the leader watch to be refused too", WAIT, || async {
+        let logs = d.logs();
+        logs.lines()
+            .any(|l| l.contains("watch=remote east-reader Services ") && l.contains("Unauthorized"))
+            .then_some(())
+            .ok_or_else(|| "the Services watch still runs".to_string())
+    })
+    .await;
     case.delete_leader("b").await;
     deletes_nothing(&d, &case, 2.0, &["b"]).await;
 
