@@ -1,8 +1,12 @@
 //! The only place Kubernetes clients are built: the local cluster, and each remote.
 use std::path::Path;
 
+use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
 
 use crate::args::Args;
 use crate::error::{Error, Result};
@@ -116,12 +120,34 @@ fn with_timeouts(mut cfg: Config, args: &Args) -> Config {
 
 const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A client whose retries of 429/503/504 are few and short. kube's default (15 attempts, the
+/// back-off growing to 1000 s) held a worker on one throttled write for minutes, unlogged: one
+/// follower of the 429 fault case was still waiting after 180 s. Here a request is retried at
+/// most 6 times (20 ms doubling to 2 s, or the server's Retry-After), then the error goes to the
+/// reconcile, whose back-off is per key, logged and counted.
+fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
+    cfg.default_retry = false;
+    let policy = RetryPolicy::new(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_secs(2),
+        6,
+        true,
+    )
+    .map_err(|e| e.to_string())?;
+    let builder = ClientBuilder::try_from(cfg).map_err(|e| e.to_string())?;
+    // the retry layer clones the service it retries: a buffer makes kube's boxed stack cloneable
+    Ok(builder
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(policy))
+        .build())
+}
+
 /// A remote's client from a kubeconfig held in a Secret (its current context), with the
 /// daemon's timeouts, and its API server's host:port.
 pub async fn secret_remote(kc: Kubeconfig, args: &Args) -> Result<(Client, String)> {
     let cfg = from_kubeconfig(kc, None, "kubeconfig").await?;
     let at = authority(&cfg);
-    let client = Client::try_from(with_timeouts(cfg, args)).map_err(|e| config_err("client", e))?;
+    let client = client_of(with_timeouts(cfg, args)).map_err(|e| config_err("client", e))?;
     Ok((client, at))
 }
 
@@ -130,8 +156,8 @@ pub async fn secret_remote(kc: Kubeconfig, args: &Args) -> Result<(Client, Strin
 pub async fn build(args: &Args) -> Result<Clients> {
     let local_cfg = local_config(args).await?;
     let local_authority = authority(&local_cfg);
-    let local = Client::try_from(with_timeouts(local_cfg, args))
-        .map_err(|e| config_err("local client", e))?;
+    let local =
+        client_of(with_timeouts(local_cfg, args)).map_err(|e| config_err("local client", e))?;
     let mut remotes = Vec::new();
     if args.kubeconfig.is_some() || args.remote_context.is_some() {
         let (remote_cfg, context_name) = remote_config(args).await?;
@@ -140,7 +166,7 @@ pub async fn build(args: &Args) -> Result<Clients> {
                 "local and remote resolve to the same API server ({local_authority}); refusing to mirror a cluster into itself"
             )));
         }
-        let remote = Client::try_from(with_timeouts(remote_cfg, args))
+        let remote = client_of(with_timeouts(remote_cfg, args))
             .map_err(|e| config_err("remote client", e))?;
         let name = args.cluster_name.clone().unwrap_or(context_name);
         remotes.push(Remote {

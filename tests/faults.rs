@@ -607,7 +607,7 @@ async fn local_throttling_429_backs_off_and_converges() {
         scenario: "Local throttling: 429 Too Many Requests",
         done: "local API server with --max-mutating-requests-inflight=1 (no priority and fairness), kept busy by other clients' writes until the daemon was refused; 300 leaders mirrored by 32 workers",
         converge: Some(took),
-        note: format!("{throttled} writes refused with 429 (the API server's own count), each retried with back-off by the client"),
+        note: format!("{throttled} writes refused with 429 (the API server's own count), each retried by the client (at most 6 times, honouring Retry-After), then by the daemon's per-key back-off"),
     })
     .await;
     let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(tc)
