@@ -292,7 +292,12 @@ impl Source {
         if at == self.local_authority {
             return Err(format!("its server {at} is the local cluster's"));
         }
-        let id = cluster_id(&client, self.args.api_timeout()).await?;
+        // bounded below the API timeout: a Secret whose server hangs must not hold the others long
+        let id = cluster_id(
+            &client,
+            self.args.api_timeout().min(Duration::from_secs(10)),
+        )
+        .await?;
         if self.local_id.as_deref() == Some(id.as_str()) {
             return Err(format!("it reaches the local cluster (cluster id {id})"));
         }
