@@ -291,7 +291,8 @@ pub(crate) fn join(
     let (rt2, state) = (Arc::clone(rt), Arc::clone(&member.state));
     let name = format!("remote {} first pass", remote.name);
     sup.spawn_until(name, member.cancel.clone(), async move {
-        while !resync_when_ready(&rt2, &state) {
+        // a standby has nothing to do: its next leadership gain reconciles every remote
+        while rt2.leader.is_leader() && !resync_when_ready(&rt2, &state) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         std::future::pending::<()>().await
@@ -479,6 +480,14 @@ fn resync_on_gain(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>) 
                 let mut pending = rt.ctx.remotes.states();
                 pending.retain(|s| gained || redo.contains(&s.name));
                 while !pending.is_empty() && rt.leader.is_leader() {
+                    // a remote that stays unready must not hold back keys other remotes drop
+                    // meanwhile
+                    let more = rt.take_dropped();
+                    for s in rt.ctx.remotes.states() {
+                        if more.contains(&s.name) && !pending.iter().any(|p| p.name == s.name) {
+                            pending.push(s);
+                        }
+                    }
                     pending.retain(|s| !resync_when_ready(&rt, s));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

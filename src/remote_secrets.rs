@@ -311,11 +311,14 @@ impl Source {
                 other.name()
             ));
         }
-        let recorded = self.recorded_ids(&c.name);
-        if let Some(was) = self
-            .ids
-            .get(&c.name)
-            .or_else(|| recorded.iter().find(|r| **r != id))
+        if !self.ids.contains_key(&c.name) {
+            // a restarted daemon: what the followers record, read once per name
+            let recorded = self.recorded_ids(&c.name);
+            if let Some(r) = recorded.iter().find(|r| **r != id).or(recorded.first()) {
+                self.ids.insert(c.name.clone(), r.clone());
+            }
+        }
+        if let Some(was) = self.ids.get(&c.name)
             && *was != id
         {
             return Err(format!(

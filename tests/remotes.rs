@@ -14,7 +14,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for};
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::{LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, obj, present};
+use support::{
+    LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, obj, ports_are, present,
+};
 
 /// A third cluster of the bed, a remote of its own for these tests.
 const SOUTH: &str = "south";
@@ -162,11 +164,24 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     .await;
     let writes = d.metric("xcc_writes_total", &[]);
     let unchanged = ["remote=\"east\"", "outcome=\"unchanged\""];
-    let passes = d.metric("xcc_reconciles_total", &unchanged);
+    let first_passes = || {
+        d.logs()
+            .lines()
+            .filter(|l| l.contains("caches synced; reconciling every leader remote=east"))
+            .count()
+    };
+    let passes_before = first_passes();
     apply_secret(&secrets, &remote_secret("east", None, Some(&rotated))).await;
     d.wait_metric("xcc_remote_changes_total", &["change=\"rotated\""], 1.0)
         .await;
-    // the new watches listed east and the pass over its leader found nothing to write
+    // the new watches listed east and queued its leader (a count taken only then, so a pass of
+    // the old watches cannot stand in for it); that pass found nothing to write
+    eventually("the rotated remote's first pass", WAIT, || async {
+        let n = first_passes();
+        (n > passes_before).then_some(()).ok_or(format!("{n}"))
+    })
+    .await;
+    let passes = d.metric("xcc_reconciles_total", &unchanged);
     d.wait_metric("xcc_reconciles_total", &unchanged, passes + 1.0)
         .await;
     let east_rotated = west.get("from-east").await.unwrap();
@@ -184,10 +199,8 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     )
     .await
     .unwrap();
-    eventually("the change after the rotation", WAIT, || async {
-        let f = west.get("from-east").await.map_err(|e| e.to_string())?;
-        let port = f.spec.and_then(|s| s.ports).map(|p| p[0].port);
-        (port == Some(81)).then_some(()).ok_or(format!("{port:?}"))
+    eventually("the change after the rotation", WAIT, || {
+        ports_are(&west, "from-east", &[81])
     })
     .await;
     let east_after = west.get("from-east").await.unwrap();
