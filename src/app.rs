@@ -38,6 +38,8 @@ use crate::worker::{self, Runtime};
 use crate::writer::Writer;
 
 const CONTROLLER: &str = "cross-cluster-controller";
+/// How long start-up waits for the static remote's cluster id.
+const STATIC_ID_WAIT: Duration = Duration::from_secs(5);
 
 /// Blocks until SIGTERM or SIGINT, then cancels; a second signal exits at once.
 fn handle_signals(shutdown: CancellationToken) {
@@ -119,7 +121,13 @@ pub async fn run(args: Args) -> Result<()> {
     ));
 
     for remote in &clients.remotes {
-        join(&sup, &rt, remote, None, Origin::Static, &args);
+        // recorded on its followers and as the MCS source-cluster of its slices; a remote that
+        // does not answer at start is read without it
+        let id = remote_secrets::cluster_id(&remote.client, STATIC_ID_WAIT)
+            .await
+            .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
+            .ok();
+        join(&sup, &rt, remote, id, Origin::Static, &args);
     }
     local_watches(&sup, &rt, &clients.local, &args);
     namespace_watch(&sup, &rt, &clients.local, &args);
@@ -182,6 +190,13 @@ fn context(
         ..Default::default()
     };
     Arc::new(Ctx {
+        opts: Options {
+            label_key: args.label_key.clone(),
+            cluster_name: String::new(),
+            endpoints_mode: args.endpoints_mode.into(),
+            cluster_id: None,
+        },
+        namespaces: args.watch_namespaces.clone(),
         remotes: Arc::new(Registry::default()),
         local: Arc::new(LocalState::default()),
         writer: Writer::new(
@@ -201,6 +216,7 @@ fn context(
         create_namespaces: args.create_namespaces,
         fallback_ref,
         events_sent: std::sync::Mutex::new(reconcile::EventLimiter::new(Duration::from_secs(300))),
+        export_conflicts: std::sync::Mutex::default(),
     })
 }
 
@@ -300,15 +316,18 @@ pub(crate) fn join(
     member
 }
 
-/// Queues every leader of a remote if it and the local caches have completed a listing (and
-/// this replica leads); false while they have not.
+/// Queues every leader of a remote, and every local follower (one this remote's listing may
+/// now prove gone), if it and the local caches have completed a listing (and this replica
+/// leads); false while they have not.
 fn resync_when_ready(rt: &Runtime, s: &RemoteState) -> bool {
     if !(rt.leader.is_leader() && rt.ctx.local.ready() && s.ready()) {
         return false;
     }
     let keys: Vec<GroupKey> = read(&s.services).keys().cloned().collect();
-    info!(remote = %s.name, leaders = keys.len(), "caches synced; reconciling every leader");
-    rt.enqueue_remote(&s.name, keys);
+    let followers: Vec<GroupKey> = read(&rt.ctx.local.services).keys().cloned().collect();
+    info!(remote = %s.name, leaders = keys.len(), followers = followers.len(), "caches synced; reconciling every leader and follower");
+    rt.enqueue(keys);
+    rt.enqueue(followers);
     true
 }
 
@@ -372,7 +391,7 @@ fn local_watches(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &Arg
     let sel = format!("{}=follower", args.label_key);
     let on_change = || {
         let rt = Arc::clone(rt);
-        move |keys| rt.enqueue_local(keys)
+        move |keys| rt.enqueue(keys)
     };
     let what = |kind: &str| format!("local follower {kind}");
     let s = || Arc::clone(&rt.ctx.local);
@@ -405,7 +424,7 @@ fn namespace_watch(sup: &Supervisor, rt: &Arc<Runtime>, local: &Client, args: &A
                             .filter(|k| k.0 == name)
                             .cloned()
                             .collect();
-                        rt.enqueue_remote(&s.name, keys);
+                        rt.enqueue(keys);
                     }
                 }
                 Err(e) => warn!(error = %e, "local namespace watch failed; retrying"),
@@ -445,10 +464,8 @@ fn sweeper_task(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>, ar
             if !rt.leader.is_leader() {
                 continue;
             }
-            for m in rt.ctx.remotes.members() {
-                let (name, opts) = (&m.state.name, &m.state.opts);
-                sweeper::sweep_logged(&rt.ctx, name, &m.client, opts, &namespaces, timeout).await;
-            }
+            let changed = sweeper::sweep_logged(&rt.ctx, &namespaces, timeout).await;
+            rt.enqueue(changed);
         }
     });
 }
@@ -467,26 +484,18 @@ fn resync_on_gain(sup: &Supervisor, rt: &Arc<Runtime>, sweep_now: &Arc<Notify>) 
             // that lapsed unseen between two renewals), starts a full pass
             let leading = leader.is_leader();
             let gained = leading && !was_leader;
-            let redo = if leading {
-                rt.take_dropped()
-            } else {
-                Default::default()
-            };
+            let redo = leading && rt.take_dropped();
             was_leader = leading;
             if gained {
                 sweep_now.notify_one();
             }
-            if gained || !redo.is_empty() {
+            if gained || redo {
                 let mut pending = rt.ctx.remotes.states();
-                pending.retain(|s| gained || redo.contains(&s.name));
                 while !pending.is_empty() && rt.leader.is_leader() {
-                    // a remote that stays unready must not hold back keys other remotes drop
-                    // meanwhile
-                    let more = rt.take_dropped();
-                    for s in rt.ctx.remotes.states() {
-                        if more.contains(&s.name) && !pending.iter().any(|p| p.name == s.name) {
-                            pending.push(s);
-                        }
+                    // keys dropped meanwhile (by a remote that stays unready, say) are not held
+                    // back: every remote already passed is passed again
+                    if rt.take_dropped() {
+                        pending = rt.ctx.remotes.states();
                     }
                     pending.retain(|s| !resync_when_ready(&rt, s));
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -506,13 +515,23 @@ fn gauges(sup: &Supervisor, rt: &Arc<Runtime>) {
     sup.spawn_until_shutdown("gauges", async move {
         loop {
             let m = &rt.ctx.metrics;
+            let conflicts = rt.ctx.conflict_counts();
             for s in rt.ctx.remotes.states() {
                 let remote = labels([("remote", &s.name)]);
-                let n = read(&rt.ctx.local.services)
+                let n = read(&s.services)
                     .keys()
                     .filter(|k| s.in_scope(&k.0))
                     .count();
                 m.followers.get_or_create(&remote).set(n as i64);
+                for kind in crate::desired::ConflictKind::LABELS {
+                    let n = conflicts
+                        .get(&(s.name.to_string(), kind))
+                        .copied()
+                        .unwrap_or(0);
+                    m.export_conflicts
+                        .get_or_create(&labels([("remote", &s.name), ("kind", kind)]))
+                        .set(n);
+                }
                 m.remote_up
                     .get_or_create(&remote)
                     .set(i64::from(s.problem().is_none()));

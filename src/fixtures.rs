@@ -480,6 +480,8 @@ pub fn ctx(
         });
     }
     Ctx {
+        opts: opts(),
+        namespaces: Vec::new(),
         remotes: Arc::new(registry),
         local,
         writer: Writer::new(client.clone(), leader, false, Arc::clone(&metrics)),
@@ -494,6 +496,7 @@ pub fn ctx(
         create_namespaces: false,
         fallback_ref: ObjectReference::default(),
         events_sent: std::sync::Mutex::new(EventLimiter::new(Duration::from_secs(300))),
+        export_conflicts: std::sync::Mutex::default(),
     }
 }
 

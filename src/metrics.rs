@@ -16,7 +16,7 @@ pub struct Metrics {
     pub skipped: Family<Labels, Counter>,
     pub conflicts: Family<Labels, Counter>,
     pub sweeps: Family<Labels, Counter>,
-    pub sweep_deletions: Family<Labels, Counter>,
+    pub sweep_deletions: Counter,
     pub followers: Family<Labels, Gauge>,
     pub leader: Gauge,
     pub remote_up: Family<Labels, Gauge>,
@@ -24,7 +24,8 @@ pub struct Metrics {
     pub lag: Family<Labels, Histogram>,
     pub events_suppressed: Counter,
     pub watch_requests: Family<Labels, Counter>,
-    pub panics: Family<Labels, Counter>,
+    pub panics: Counter,
+    pub export_conflicts: Family<Labels, Gauge>,
     pub remote_changes: Family<Labels, Counter>,
     pub remote_secrets_refused: Gauge,
 }
@@ -38,7 +39,7 @@ impl Default for Metrics {
             skipped: Family::default(),
             conflicts: Family::default(),
             sweeps: Family::default(),
-            sweep_deletions: Family::default(),
+            sweep_deletions: Counter::default(),
             followers: Family::default(),
             leader: Gauge::default(),
             remote_up: Family::default(),
@@ -49,14 +50,15 @@ impl Default for Metrics {
             }),
             events_suppressed: Counter::default(),
             watch_requests: Family::default(),
-            panics: Family::default(),
+            panics: Counter::default(),
+            export_conflicts: Family::default(),
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
             "reconciles",
-            "Reconciles by remote and outcome",
+            "Reconcile passes (one per local follower key) by outcome",
             m.reconciles.clone(),
         );
         registry.register(
@@ -86,7 +88,7 @@ impl Default for Metrics {
         );
         registry.register(
             "followers",
-            "Follower Services held locally, per remote",
+            "Leaders this remote exports (each mirrored into one local follower, merged with other remotes' exports of the same namespace/name)",
             m.followers.clone(),
         );
         registry.register(
@@ -125,6 +127,11 @@ impl Default for Metrics {
             m.panics.clone(),
         );
         registry.register(
+            "export_conflicts",
+            "Followers on which this remote's export loses a conflict with an older leader's, by kind",
+            m.export_conflicts.clone(),
+        );
+        registry.register(
             "remote_changes",
             "Remotes joined, rotated, left, and Secrets refused as remotes",
             m.remote_changes.clone(),
@@ -151,6 +158,9 @@ impl Metrics {
     /// A registry with the writer's series at 0; [`Metrics::init_remote`] adds a remote's.
     pub fn new() -> Self {
         let m = Self::default();
+        for outcome in crate::reconcile::Outcome::LABELS {
+            touch(&m.reconciles, labels([("outcome", outcome)]));
+        }
         for change in ["joined", "rotated", "left", "refused"] {
             touch(&m.remote_changes, labels([("change", change)]));
         }
@@ -167,11 +177,11 @@ impl Metrics {
     /// and `absent()` alerts work from the start) instead of being missing from the page.
     pub fn init_remote(&self, remote: &str) {
         use crate::desired::Skip;
-        use crate::reconcile::{NAMESPACE_MISSING, Outcome};
-        for outcome in Outcome::LABELS {
-            touch(
-                &self.reconciles,
-                labels([("remote", remote), ("outcome", outcome)]),
+        use crate::reconcile::NAMESPACE_MISSING;
+        for kind in crate::desired::ConflictKind::LABELS {
+            drop(
+                self.export_conflicts
+                    .get_or_create(&labels([("remote", remote), ("kind", kind)])),
             );
         }
         for reason in Skip::REASONS.into_iter().chain([NAMESPACE_MISSING]) {
@@ -192,8 +202,6 @@ impl Metrics {
                 labels([("remote", remote), ("outcome", outcome)]),
             );
         }
-        touch(&self.sweep_deletions, labels([("remote", remote)]));
-        touch(&self.panics, labels([("remote", remote)]));
     }
 
     pub fn render(&self) -> String {
@@ -241,7 +249,8 @@ mod tests {
         assert!(text.contains("xcc_writes_total{kind=\"Endpoints\",verb=\"delete\"} 0"));
         assert!(text.contains("xcc_sweeps_total{remote=\"east\",outcome=\"aborted\"} 0"));
         assert!(text.contains("xcc_skipped_total{remote=\"east\",reason=\"NamespaceMissing\"} 0"));
-        assert!(text.contains("xcc_reconciles_total{remote=\"east\",outcome=\"error\"} 0"));
+        assert!(text.contains("xcc_reconciles_total{outcome=\"error\"} 0"));
+        assert!(text.contains("xcc_export_conflicts{remote=\"east\",kind=\"port\"} 0"));
     }
 
     #[test]

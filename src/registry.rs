@@ -3,7 +3,7 @@
 //! its watches; it is created and torn down as one, so a remote that leaves leaves nothing
 //! behind. Sources that could not become a member (a bad Secret) are kept as problems, shown on
 //! /readyz until fixed or deleted.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use kube::Client;
@@ -42,6 +42,10 @@ pub struct Registry {
     members: RwLock<BTreeMap<Arc<str>, Arc<Member>>>,
     /// source (e.g. `Secret fair-system/east`) -> why it is not a member
     problems: RwLock<BTreeMap<String, String>>,
+    /// remotes removed on purpose (their Secret deleted) since the process started: what a
+    /// follower records of them goes, as if each had proven its leaders absent. A name that
+    /// joins again leaves this set.
+    retired: RwLock<BTreeSet<String>>,
 }
 
 impl Registry {
@@ -68,6 +72,7 @@ impl Registry {
     /// Adds a member, or replaces the one of that name (whose watches are cancelled).
     pub fn insert(&self, member: Member) -> Arc<Member> {
         let member = Arc::new(member);
+        write(&self.retired).remove(member.name().as_ref());
         let old = write(&self.members).insert(Arc::clone(member.name()), Arc::clone(&member));
         if let Some(old) = old {
             old.cancel.cancel();
@@ -82,6 +87,17 @@ impl Registry {
             m.cancel.cancel();
         }
         old
+    }
+
+    /// Removes a member that left on purpose: its contributions go.
+    pub fn retire(&self, name: &str) -> Option<Arc<Member>> {
+        write(&self.retired).insert(name.to_string());
+        self.remove(name)
+    }
+
+    /// The remotes removed on purpose (and not joined again).
+    pub fn retired(&self) -> BTreeSet<String> {
+        read(&self.retired).clone()
     }
 
     /// Records why a source is not (or no longer) a member.
@@ -134,6 +150,13 @@ mod tests {
         assert!(r.get("east").is_none());
         assert!(!north.cancel.is_cancelled(), "the others keep running");
         assert_eq!(r.states().len(), 1);
+        r.retire("north");
+        assert_eq!(r.retired(), BTreeSet::from(["north".to_string()]));
+        r.insert(member("north", &root));
+        assert!(
+            r.retired().is_empty(),
+            "a remote that joins again is not retired"
+        );
     }
 
     #[tokio::test]

@@ -121,8 +121,6 @@ pub struct Source {
     failing: BTreeSet<String>,
     /// remote name -> when it leaves (its Secret was deleted)
     leaving: BTreeMap<String, Instant>,
-    /// remotes that left whose followers are still to be deleted (tried every tick)
-    retiring: BTreeMap<String, crate::desired::Options>,
     /// remote name -> the cluster id it had (a Secret reaching another cluster is held)
     ids: BTreeMap<String, String>,
 }
@@ -155,7 +153,6 @@ impl Source {
             secrets: BTreeMap::new(),
             failing: BTreeSet::new(),
             leaving: BTreeMap::new(),
-            retiring: BTreeMap::new(),
             ids,
         }
     }
@@ -344,7 +341,6 @@ impl Source {
         );
         self.ids.insert(c.name.clone(), id.clone());
         self.leaving.remove(&c.name);
-        self.retiring.remove(&c.name);
         let change = if existing.is_some() {
             "rotated"
         } else {
@@ -356,7 +352,7 @@ impl Source {
     }
 
     /// The cluster ids the local followers of remote `name` record (a restarted daemon's memory
-    /// of which cluster a remote is).
+    /// of which cluster a remote is): on a Service whose fields come from it, and on its slices.
     fn recorded_ids(&self, name: &str) -> BTreeSet<String> {
         let opts = crate::desired::Options {
             label_key: self.args.label_key.clone(),
@@ -368,13 +364,26 @@ impl Source {
             opts.origin_cluster_annotation(),
             opts.origin_cluster_id_annotation(),
         );
-        let services = crate::reconcile::read(&self.rt.ctx.local.services);
-        services
-            .keys()
-            .filter_map(|k| services.named(k).ok().flatten())
-            .filter(|s| s.annotations().get(&origin).map(String::as_str) == Some(name))
-            .filter_map(|s| s.annotations().get(&id_key).cloned())
-            .collect()
+        let of = |a: &BTreeMap<String, String>| {
+            (a.get(&origin).map(String::as_str) == Some(name))
+                .then(|| a.get(&id_key).cloned())
+                .flatten()
+        };
+        let mut ids: BTreeSet<String> = {
+            let services = crate::reconcile::read(&self.rt.ctx.local.services);
+            services
+                .keys()
+                .filter_map(|k| services.named(k).ok().flatten())
+                .filter_map(|s| of(s.annotations()))
+                .collect()
+        };
+        let slices = crate::reconcile::read(&self.rt.ctx.local.slices);
+        for k in slices.keys() {
+            for s in slices.group(k).unwrap_or_default() {
+                ids.extend(of(s.annotations()));
+            }
+        }
+        ids
     }
 
     /// A Secret that cannot be used: reported; a remote it named keeps running as it was.
@@ -437,53 +446,32 @@ impl Source {
         for name in due {
             self.leave(&name);
         }
-        let retiring: Vec<(String, crate::desired::Options)> = self
-            .retiring
-            .iter()
-            .map(|(n, o)| (n.clone(), o.clone()))
-            .collect();
-        for (name, opts) in retiring {
-            self.retire(&name, &opts).await;
-        }
     }
 
-    /// The grace has passed: the remote stops being read (every replica), and its followers are
-    /// to be deleted.
+    /// The grace has passed: the remote stops being read (every replica), and what the local
+    /// followers record of it goes: each follower that records it is passed again, with the
+    /// remote retired (a standby drops them; its next leadership gain passes every follower).
     fn leave(&mut self, name: &str) {
         self.leaving.remove(name);
-        let Some(m) = self.rt.ctx.remotes.remove(name) else {
+        if self.rt.ctx.remotes.retire(name).is_none() {
             return;
-        };
+        }
         self.ids.remove(name);
         self.forget_series(name);
         self.changed("left");
-        info!(remote = %name, "remote left: its watches stopped; its followers are deleted next");
-        self.retiring.insert(name.to_string(), m.state.opts.clone());
-    }
-
-    /// Deletes the followers of a remote that left, after a complete local listing (the leader
-    /// does; a standby keeps the task for when it leads). A failure is tried again next tick.
-    async fn retire(&mut self, name: &str, opts: &crate::desired::Options) {
-        if !self.rt.leader.is_leader() || self.rt.ctx.remotes.get(name).is_some() {
-            return;
-        }
-        let timeout = Duration::from_secs(self.args.sweep_list_timeout_seconds);
-        let ns = self.args.watch_namespaces.clone();
-        match crate::sweeper::retire(&self.rt.ctx, name, opts, &ns, timeout).await {
-            Ok(deleted) => {
-                self.retiring.remove(name);
-                info!(remote = %name, deleted, "followers of a remote that left deleted");
-                let note = format!(
-                    "remote {name} left (its Secret was deleted): {deleted} follower objects deleted"
-                );
-                self.rt
-                    .ctx
-                    .event(EventType::Normal, "RemoteLeft", note, "Leave", None)
+        let keys = crate::sweeper::retire_keys(&self.rt.ctx, name);
+        info!(remote = %name, followers = keys.len(), "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
+        let note = format!(
+            "remote {name} left (its Secret was deleted): {} followers record it; what only it exported is deleted, merged followers lose its slices",
+            keys.len()
+        );
+        self.rt.enqueue(keys);
+        if self.rt.leader.is_leader() {
+            let ctx = Arc::clone(&self.rt.ctx);
+            tokio::spawn(async move {
+                ctx.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
                     .await;
-            }
-            Err(e) => {
-                warn!(remote = %name, error = %e, "deleting the followers of a remote that left failed; retrying")
-            }
+            });
         }
     }
 

@@ -1,9 +1,11 @@
-//! The sweeper: on each tick (leader only) it takes fresh, complete, paginated listings of the
-//! local followers and then of the remote leaders, and deletes followers whose leader is
-//! confirmed gone. Any listing that fails or times out aborts the sweep: nothing is deleted.
+//! The sweeper: on each tick (leader only) it takes one fresh, complete, paginated listing of the
+//! local followers and then one of each remote's leaders, and deletes what those listings prove
+//! gone: a remote's slices on its own proof, a follower Service once every remote it records
+//! proves its leader gone. A local listing that fails or times out aborts the sweep; a remote's
+//! that fails makes that remote prove nothing (its followers are kept).
 //! Local is listed before remote, so a follower created for a brand-new leader during the sweep
 //! is always matched by the (later) remote listing.
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Endpoints, Service};
@@ -14,10 +16,10 @@ use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use crate::cache::{GroupKey, service_of};
-use crate::desired::{Options, Ownership, meta_ownership, slice_meta_ownership};
+use crate::desired::{Options, Recorded, recorded, slice_recorded};
 use crate::error::{Error, Result};
 use crate::metrics::labels;
-use crate::reconcile::Ctx;
+use crate::reconcile::{Ctx, read};
 
 const PAGE: u32 = 500;
 
@@ -87,82 +89,130 @@ fn orphan(m: &ObjectMeta, kind: &'static str) -> Option<Orphan> {
     })
 }
 
-/// Pure: which of our local followers (their metadata) have no leader in the complete remote
-/// listing. Objects that are not ours, or in a namespace this remote is not watched in, are
-/// never candidates.
-pub fn orphans(
-    leaders: &HashSet<GroupKey>,
-    services: &[ObjectMeta],
-    slices: &[ObjectMeta],
-    endpoints: &[ObjectMeta],
-    opts: &Options,
-    namespaces: &[String],
-) -> Vec<Orphan> {
-    let ours = |o: Ownership| matches!(o, Ownership::Ours | Ownership::Adoptable);
-    plan(
-        leaders,
-        (services, slices, endpoints),
-        opts,
-        namespaces,
-        ours,
-    )
+/// Each remote's complete listing of its leaders this tick; None: the listing failed, and that
+/// remote proves nothing.
+pub type Listings = BTreeMap<String, Option<HashSet<GroupKey>>>;
+
+/// What one sweep does.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub delete: Vec<Orphan>,
+    /// merged followers some of whose remotes proved their leader gone while others export it:
+    /// a reconcile pass rewrites them
+    pub recheck: Vec<GroupKey>,
 }
 
-/// Pure: every local follower that carries this remote's name (a remote that left). A follower
-/// without an origin (left by the Go controller) is never taken for one remote's.
-pub fn retired(followers: &Followers, opts: &Options) -> Vec<Orphan> {
-    let (services, slices, endpoints) = (
-        &followers.services[..],
-        &followers.slices[..],
-        &followers.endpoints[..],
-    );
-    let ours = |o: Ownership| o == Ownership::Ours;
-    plan(
-        &HashSet::new(),
-        (services, slices, endpoints),
-        opts,
-        &[],
-        ours,
-    )
+/// How the sweep judges one key from the listings.
+struct Judge<'a> {
+    listings: &'a Listings,
+    retired: &'a BTreeSet<String>,
 }
 
-type Metas<'a> = (&'a [ObjectMeta], &'a [ObjectMeta], &'a [ObjectMeta]);
+impl Judge<'_> {
+    /// A remote proves the key gone: it was removed on purpose, or its complete listing lacks it.
+    fn gone_from(&self, remote: &str, g: &GroupKey) -> bool {
+        self.retired.contains(remote)
+            || matches!(self.listings.get(remote), Some(Some(leaders)) if !leaders.contains(g))
+    }
 
-fn plan(
-    leaders: &HashSet<GroupKey>,
-    (services, slices, endpoints): Metas,
+    fn exported(&self, g: &GroupKey) -> bool {
+        self.listings.values().flatten().any(|l| l.contains(g))
+    }
+
+    fn known(&self, remote: &str) -> bool {
+        self.listings.contains_key(remote) || self.retired.contains(remote)
+    }
+
+    /// The remotes a Service or Endpoints answers to: those it records, or (left by the Go
+    /// controller) every remote read. None: not ours.
+    fn answers_to(&self, r: Recorded) -> Option<BTreeSet<String>> {
+        match r {
+            Recorded::NotOurs => None,
+            Recorded::GoEra => Some(self.listings.keys().cloned().collect()),
+            Recorded::From(set) => set.iter().any(|c| self.known(c)).then_some(set),
+        }
+    }
+}
+
+/// Pure: what a sweep deletes, given one complete listing of the local followers and each
+/// remote's listing. A slice goes when its own remote proves its leader gone; a Service (and
+/// its Endpoints) when every remote it records does and no listing has the leader. Objects that
+/// are not ours, of a remote not read here, or in a namespace not watched are never touched.
+pub fn plan(
+    followers: &Followers,
+    listings: &Listings,
+    retired: &BTreeSet<String>,
     opts: &Options,
     namespaces: &[String],
-    ours: impl Fn(Ownership) -> bool,
-) -> Vec<Orphan> {
+) -> Plan {
+    let judge = Judge { listings, retired };
     let in_scope = |g: &GroupKey| namespaces.is_empty() || namespaces.contains(&g.0);
-    let gone = |g: Option<GroupKey>| g.is_some_and(|g| in_scope(&g) && !leaders.contains(&g));
-    let mut out: Vec<Orphan> = Vec::new();
-    out.extend(
-        slices
-            .iter()
-            .filter(|m| ours(slice_meta_ownership(m, opts)) && gone(group_of(m, true)))
-            .filter_map(|m| orphan(m, "EndpointSlice")),
-    );
-    out.extend(
-        endpoints
-            .iter()
-            .filter(|m| ours(meta_ownership(m, opts)) && gone(group_of(m, false)))
-            .filter_map(|m| orphan(m, "Endpoints")),
-    );
-    out.extend(
-        services
-            .iter()
-            .filter(|m| ours(meta_ownership(m, opts)) && gone(group_of(m, false)))
-            .filter_map(|m| orphan(m, "Service")),
-    );
+    let mut out = Plan::default();
+    for m in &followers.slices {
+        let Some(g) = group_of(m, true).filter(in_scope) else {
+            continue;
+        };
+        let Some(remotes) = judge.answers_to(slice_recorded(m, opts)) else {
+            continue;
+        };
+        let gone = !remotes.is_empty()
+            && remotes
+                .iter()
+                .all(|r| judge.known(r) && judge.gone_from(r, &g));
+        if gone && let Some(o) = orphan(m, "EndpointSlice") {
+            out.delete.push(o);
+        }
+    }
+    let mut recheck = BTreeSet::new();
+    for (metas, kind) in [
+        (&followers.endpoints, "Endpoints"),
+        (&followers.services, "Service"),
+    ] {
+        for m in metas {
+            let Some(g) = group_of(m, false).filter(in_scope) else {
+                continue;
+            };
+            let Some(remotes) = judge.answers_to(recorded(m, opts)) else {
+                continue;
+            };
+            let proven = remotes
+                .iter()
+                .filter(|r| judge.known(r) && judge.gone_from(r, &g))
+                .count();
+            if !remotes.is_empty() && proven == remotes.len() && !judge.exported(&g) {
+                out.delete.extend(orphan(m, kind));
+            } else if proven > 0 {
+                recheck.insert(g);
+            }
+        }
+    }
+    out.recheck = recheck.into_iter().collect();
     out
+}
+
+/// Pure: the keys of local followers that record `remote` (one that left: each is passed again,
+/// and what only it exported goes).
+pub fn recording(
+    services: &[(GroupKey, Recorded)],
+    slices: &[(GroupKey, Recorded)],
+    remote: &str,
+) -> Vec<GroupKey> {
+    let mut keys: BTreeSet<GroupKey> = BTreeSet::new();
+    for (g, r) in services.iter().chain(slices) {
+        if r.names(remote) {
+            keys.insert(g.clone());
+        }
+    }
+    keys.into_iter().collect()
 }
 
 pub struct SweepReport {
     pub leaders: usize,
     pub followers: usize,
     pub deleted: usize,
+    /// remotes whose listing failed this tick (they proved nothing)
+    pub failed: Vec<String>,
+    pub recheck: Vec<GroupKey>,
 }
 
 /// The namespaces to list: each watched one, or (None) the whole cluster.
@@ -193,14 +243,9 @@ pub struct Followers {
 }
 
 /// Complete listings of the local followers in the watched namespaces (any failure: an error).
-async fn list_followers(
-    ctx: &Ctx,
-    opts: &Options,
-    namespaces: &[String],
-    timeout: Duration,
-) -> Result<Followers> {
+async fn list_followers(ctx: &Ctx, namespaces: &[String], timeout: Duration) -> Result<Followers> {
     let local = ctx.writer.client().clone();
-    let sel = opts.follower_selector();
+    let sel = ctx.opts.follower_selector();
     let mut f = Followers::default();
     for ns in scopes(namespaces) {
         f.services
@@ -213,8 +258,26 @@ async fn list_followers(
     Ok(f)
 }
 
+/// One remote's leaders, from a complete listing.
+async fn list_leaders(
+    remote: &Client,
+    selector: &str,
+    namespaces: &[String],
+    timeout: Duration,
+) -> Result<HashSet<GroupKey>> {
+    let mut leaders = HashSet::new();
+    for ns in scopes(namespaces) {
+        for m in list_all(&scoped::<Service>(remote, ns), selector, timeout).await? {
+            if let Some(key) = group_of(&m, false) {
+                leaders.insert(key);
+            }
+        }
+    }
+    Ok(leaders)
+}
+
 /// Deletes what a plan names, each with its uid precondition; stops at the first failure.
-async fn delete_all(ctx: &Ctx, plan: &[Orphan], remote_name: &str, why: &str) -> Result<usize> {
+async fn delete_all(ctx: &Ctx, plan: &[Orphan], why: &str) -> Result<usize> {
     let mut deleted = 0;
     for o in plan {
         let (ns, name, uid) = (&o.namespace, &o.name, &o.uid);
@@ -224,92 +287,127 @@ async fn delete_all(ctx: &Ctx, plan: &[Orphan], remote_name: &str, why: &str) ->
             _ => ctx.writer.delete::<Endpoints>(ns, name, uid, why).await,
         }?;
         deleted += 1;
-        ctx.metrics
-            .sweep_deletions
-            .get_or_create(&labels([("remote", remote_name)]))
-            .inc();
+        ctx.metrics.sweep_deletions.inc();
     }
     Ok(deleted)
 }
 
-/// A remote has left (its Secret deleted and the grace passed): deletes every follower object
-/// that carries its name, after one complete local listing.
-pub async fn retire(
-    ctx: &Ctx,
-    remote_name: &str,
-    opts: &Options,
-    namespaces: &[String],
-    timeout: Duration,
-) -> Result<usize> {
-    let followers = list_followers(ctx, opts, namespaces, timeout).await?;
-    let plan = retired(&followers, opts);
-    delete_all(ctx, &plan, remote_name, "its remote left").await
+/// The keys of the local followers (cache) that record a remote, which has left: a reconcile of
+/// each removes what only it exported and its slices, now that it is retired.
+pub fn retire_keys(ctx: &Ctx, remote: &str) -> Vec<GroupKey> {
+    let opts = &ctx.opts;
+    let of =
+        |pairs: Vec<(GroupKey, Option<ObjectMeta>)>, slice: bool| -> Vec<(GroupKey, Recorded)> {
+            pairs
+                .into_iter()
+                .filter_map(|(g, m)| {
+                    let m = m?;
+                    let r = if slice {
+                        slice_recorded(&m, opts)
+                    } else {
+                        recorded(&m, opts)
+                    };
+                    Some((g, r))
+                })
+                .collect()
+        };
+    let services: Vec<(GroupKey, Option<ObjectMeta>)> = {
+        let c = read(&ctx.local.services);
+        let keys: Vec<GroupKey> = c.keys().cloned().collect();
+        keys.into_iter()
+            .map(|g| {
+                let m = c.named(&g).ok().flatten().map(|s| s.metadata.clone());
+                (g, m)
+            })
+            .collect()
+    };
+    let slices: Vec<(GroupKey, Option<ObjectMeta>)> = {
+        let c = read(&ctx.local.slices);
+        let keys: Vec<GroupKey> = c.keys().cloned().collect();
+        keys.into_iter()
+            .flat_map(|g| {
+                let members = c.group(&g).unwrap_or_default();
+                members
+                    .into_iter()
+                    .map(move |s| (g.clone(), Some(s.metadata.clone())))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    recording(&of(services, false), &of(slices, true), remote)
 }
 
-pub async fn sweep(
-    ctx: &Ctx,
-    remote_name: &str,
-    remote: &Client,
-    opts: &Options,
-    namespaces: &[String],
-    timeout: Duration,
-) -> Result<SweepReport> {
-    let Followers {
-        services,
-        slices,
-        endpoints,
-    } = list_followers(ctx, opts, namespaces, timeout).await?;
-
-    let leader_sel = opts.leader_selector();
-    let mut leaders = HashSet::new();
-    for ns in scopes(namespaces) {
-        for m in list_all(&scoped::<Service>(remote, ns), &leader_sel, timeout).await? {
-            if let Some(key) = group_of(&m, false) {
-                leaders.insert(key);
+/// One sweep: one complete listing of the local followers, then one of each remote's leaders;
+/// deletes what the listings prove gone. A local listing that fails aborts the sweep; a remote
+/// listing that fails makes that remote prove nothing this tick.
+pub async fn sweep(ctx: &Ctx, namespaces: &[String], timeout: Duration) -> Result<SweepReport> {
+    let followers = list_followers(ctx, namespaces, timeout).await?;
+    let leader_sel = ctx.opts.leader_selector();
+    let mut listings = Listings::new();
+    let mut failed = Vec::new();
+    let mut leaders = 0;
+    for m in ctx.remotes.members() {
+        let name = m.name().to_string();
+        let listing = list_leaders(&m.client, &leader_sel, namespaces, timeout).await;
+        let outcome = match &listing {
+            Ok(l) => {
+                leaders += l.len();
+                "done"
             }
-        }
+            Err(e) => {
+                warn!(remote = %name, error = %e, category = e.category(), "sweep: listing failed; this remote deletes nothing this time");
+                failed.push(name.clone());
+                "aborted"
+            }
+        };
+        ctx.metrics
+            .sweeps
+            .get_or_create(&labels([("remote", &name), ("outcome", outcome)]))
+            .inc();
+        listings.insert(name, listing.ok());
     }
-
-    let plan = orphans(&leaders, &services, &slices, &endpoints, opts, namespaces);
-    let deleted = delete_all(ctx, &plan, remote_name, "sweeper: leader gone").await?;
+    let plan = plan(
+        &followers,
+        &listings,
+        &ctx.remotes.retired(),
+        &ctx.opts,
+        namespaces,
+    );
+    let deleted = delete_all(ctx, &plan.delete, "sweeper: leader gone").await?;
     Ok(SweepReport {
-        leaders: leaders.len(),
-        followers: services.len(),
+        leaders,
+        followers: followers.services.len(),
         deleted,
+        failed,
+        recheck: plan.recheck,
     })
 }
 
-/// Runs one sweep and logs its one-line summary; never propagates an error.
-pub async fn sweep_logged(
-    ctx: &Ctx,
-    remote_name: &str,
-    remote: &Client,
-    opts: &Options,
-    namespaces: &[String],
-    timeout: Duration,
-) {
+/// Runs one sweep and logs its one-line summary; never propagates an error. Returns the keys a
+/// reconcile pass should look at again.
+pub async fn sweep_logged(ctx: &Ctx, namespaces: &[String], timeout: Duration) -> Vec<GroupKey> {
     let started = Instant::now();
-    match sweep(ctx, remote_name, remote, opts, namespaces, timeout).await {
+    match sweep(ctx, namespaces, timeout).await {
         Ok(r) => {
-            ctx.metrics
-                .sweeps
-                .get_or_create(&labels([("remote", remote_name), ("outcome", "done")]))
-                .inc();
             info!(
-                remote = remote_name,
                 leaders = r.leaders,
                 followers = r.followers,
                 deleted = r.deleted,
+                failed_remotes = %r.failed.join(","),
                 took_ms = started.elapsed().as_millis() as u64,
                 "sweep done"
             );
+            r.recheck
         }
         Err(e) => {
-            ctx.metrics
-                .sweeps
-                .get_or_create(&labels([("remote", remote_name), ("outcome", "aborted")]))
-                .inc();
-            warn!(remote = remote_name, error = %e, category = e.category(), "sweep aborted: nothing deleted");
+            for m in ctx.remotes.members() {
+                ctx.metrics
+                    .sweeps
+                    .get_or_create(&labels([("remote", m.name()), ("outcome", "aborted")]))
+                    .inc();
+            }
+            warn!(error = %e, category = e.category(), "sweep aborted: nothing deleted");
+            Vec::new()
         }
     }
 }
@@ -323,178 +421,255 @@ mod tests {
     fn opts() -> Options {
         Options {
             label_key: "fair.com/cross-cluster".into(),
-            cluster_name: "east".into(),
+            cluster_name: String::new(),
             endpoints_mode: EndpointsMode::Slices,
             cluster_id: None,
         }
     }
 
-    fn svc(
-        ns: &str,
-        name: &str,
-        labels: serde_json::Value,
-        annotations: serde_json::Value,
-    ) -> Service {
+    fn meta(ns: &str, name: &str, labels: serde_json::Value, ann: serde_json::Value) -> ObjectMeta {
         serde_json::from_value(
-            json!({"metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"),
-            "labels": labels, "annotations": annotations}}),
+            json!({"namespace": ns, "name": name, "uid": format!("uid-{name}"),
+                                      "labels": labels, "annotations": ann}),
         )
         .unwrap()
     }
 
-    fn follower(ns: &str, name: &str) -> Service {
-        svc(
+    /// A follower Service recording these remotes.
+    fn follower(ns: &str, name: &str, remotes: &str) -> ObjectMeta {
+        meta(
             ns,
             name,
             json!({"fair.com/cross-cluster": "follower"}),
-            json!({"fair.com/cross-cluster-origin-cluster": "east"}),
+            json!({"fair.com/cross-cluster-origin-cluster": remotes.split(',').next().unwrap(),
+                   "fair.com/cross-cluster-origin-clusters": remotes}),
         )
     }
 
-    fn slice(ns: &str, name: &str, service: &str, managed_by: &str) -> EndpointSlice {
-        serde_json::from_value(
-            json!({"metadata": {"namespace": ns, "name": name, "uid": format!("uid-{name}"),
-            "labels": {"fair.com/cross-cluster": "follower", "kubernetes.io/service-name": service,
-                       "endpointslice.kubernetes.io/managed-by": managed_by},
-            "annotations": {"fair.com/cross-cluster-origin-cluster": "east"}},
-            "addressType": "IPv4", "endpoints": []}),
-        )
-        .unwrap()
-    }
-
-    fn metas<K: Resource>(objs: Vec<K>) -> Vec<ObjectMeta> {
-        objs.iter().map(|o| o.meta().clone()).collect()
-    }
-
-    fn leaders(keys: &[(&str, &str)]) -> HashSet<GroupKey> {
-        keys.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn a_remote_that_left_takes_only_its_own_followers_with_it() {
-        let go_era = svc(
-            "a",
-            "go-era",
+    fn go_era(ns: &str, name: &str) -> ObjectMeta {
+        meta(
+            ns,
+            name,
             json!({"fair.com/cross-cluster": "follower"}),
             json!({}),
-        );
-        let north = svc(
-            "a",
-            "north",
-            json!({"fair.com/cross-cluster": "follower"}),
-            json!({"fair.com/cross-cluster-origin-cluster": "north"}),
-        );
-        let plain = svc("a", "plain", json!({}), json!({}));
-        let followers = Followers {
-            services: metas(vec![
-                follower("a", "web"),
-                follower("b", "api"),
-                go_era,
-                north,
-                plain,
-            ]),
-            slices: metas(vec![
-                slice("a", "web-1", "web", crate::desired::MANAGED_BY),
-                slice("a", "web-kcm", "web", "endpointslice-controller.k8s.io"),
-            ]),
-            endpoints: vec![],
-        };
-        let mut got: Vec<String> = retired(&followers, &opts())
-            .into_iter()
+        )
+    }
+
+    fn slice(ns: &str, name: &str, service: &str, managed_by: &str, remote: &str) -> ObjectMeta {
+        meta(
+            ns,
+            name,
+            json!({"fair.com/cross-cluster": "follower", "kubernetes.io/service-name": service,
+                   "endpointslice.kubernetes.io/managed-by": managed_by}),
+            json!({"fair.com/cross-cluster-origin-cluster": remote}),
+        )
+    }
+
+    fn ours(ns: &str, name: &str, service: &str, remote: &str) -> ObjectMeta {
+        slice(ns, name, service, crate::desired::MANAGED_BY, remote)
+    }
+
+    fn listed(keys: &[(&str, &str)]) -> Option<HashSet<GroupKey>> {
+        Some(
+            keys.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        )
+    }
+
+    fn names(p: &Plan) -> Vec<String> {
+        let mut out: Vec<String> = p
+            .delete
+            .iter()
             .map(|o| format!("{} {}/{}", o.kind, o.namespace, o.name))
             .collect();
-        got.sort();
-        assert_eq!(
-            got,
-            ["EndpointSlice a/web-1", "Service a/web", "Service b/api"],
-            "east's own, in every namespace; not the Go-era one, not north's, not a plain Service"
-        );
+        out.sort();
+        out
+    }
+
+    fn followers(services: Vec<ObjectMeta>, slices: Vec<ObjectMeta>) -> Followers {
+        Followers {
+            services,
+            slices,
+            endpoints: vec![],
+        }
     }
 
     #[test]
     fn only_our_followers_without_a_leader_are_orphans() {
-        let services = vec![
-            follower("a", "kept"),
-            follower("a", "gone"),
-            svc("a", "plain", json!({}), json!({})),
-            svc(
-                "a",
-                "other-remote",
-                json!({"fair.com/cross-cluster": "follower"}),
-                json!({"fair.com/cross-cluster-origin-cluster": "north"}),
-            ),
-            svc(
-                "a",
-                "go-era",
-                json!({"fair.com/cross-cluster": "follower"}),
-                json!({}),
-            ),
-        ];
-        let slices = vec![
-            slice("a", "gone-1", "gone", crate::desired::MANAGED_BY),
-            slice(
-                "a",
-                "gone-mirrored",
-                "gone",
-                "endpointslicemirroring-controller.k8s.io",
-            ),
-            slice("a", "kept-1", "kept", crate::desired::MANAGED_BY),
-        ];
-        let mut got = orphans(
-            &leaders(&[("a", "kept")]),
-            &metas(services),
-            &metas(slices),
-            &[],
-            &opts(),
-            &[],
-        );
-        got.sort();
-        let names: Vec<_> = got.iter().map(|o| (o.kind, o.name.as_str())).collect();
-        assert_eq!(
-            names,
+        let f = followers(
             vec![
-                ("EndpointSlice", "gone-1"),
-                ("Service", "go-era"),
-                ("Service", "gone")
+                follower("a", "kept", "east"),
+                follower("a", "gone", "east"),
+                meta("a", "plain", json!({}), json!({})),
+                follower("a", "not-read-here", "west"),
+                go_era("a", "go-era"),
+            ],
+            vec![
+                ours("a", "gone-1", "gone", "east"),
+                slice(
+                    "a",
+                    "gone-mirrored",
+                    "gone",
+                    "endpointslicemirroring-controller.k8s.io",
+                    "east",
+                ),
+                ours("a", "kept-1", "kept", "east"),
+            ],
+        );
+        let listings = Listings::from([("east".to_string(), listed(&[("a", "kept")]))]);
+        let p = plan(&f, &listings, &BTreeSet::new(), &opts(), &[]);
+        assert_eq!(
+            names(&p),
+            [
+                "EndpointSlice a/gone-1",
+                "Service a/go-era",
+                "Service a/gone"
             ]
         );
         assert!(
-            got.iter().all(|o| o.uid.starts_with("uid-")),
-            "deletes carry the uid precondition"
+            p.delete.iter().all(|o| o.uid.starts_with("uid-")),
+            "uid preconditions"
+        );
+        assert!(p.recheck.is_empty());
+    }
+
+    #[test]
+    fn a_merged_follower_loses_only_the_slices_of_the_remote_that_proved_its_leader_gone() {
+        let f = followers(
+            vec![follower("a", "web", "east,north")],
+            vec![
+                ours("a", "web-e", "web", "east"),
+                ours("a", "web-n", "web", "north"),
+            ],
+        );
+        let listings = Listings::from([
+            ("east".to_string(), listed(&[])),
+            ("north".to_string(), listed(&[("a", "web")])),
+        ]);
+        let p = plan(&f, &listings, &BTreeSet::new(), &opts(), &[]);
+        assert_eq!(names(&p), ["EndpointSlice a/web-e"]);
+        assert_eq!(
+            p.recheck,
+            [("a".to_string(), "web".to_string())],
+            "passed again"
+        );
+
+        // both gone: all of it goes
+        let listings = Listings::from([
+            ("east".to_string(), listed(&[])),
+            ("north".to_string(), listed(&[])),
+        ]);
+        let p = plan(&f, &listings, &BTreeSet::new(), &opts(), &[]);
+        assert_eq!(
+            names(&p),
+            [
+                "EndpointSlice a/web-e",
+                "EndpointSlice a/web-n",
+                "Service a/web"
+            ]
         );
     }
 
     #[test]
-    fn every_leader_present_means_nothing_to_delete() {
-        let services = vec![follower("a", "x"), follower("b", "y")];
-        assert!(
-            orphans(
-                &leaders(&[("a", "x"), ("b", "y")]),
-                &metas(services),
-                &[],
-                &[],
-                &opts(),
-                &[]
-            )
-            .is_empty()
+    fn a_remote_whose_listing_failed_or_that_is_not_read_here_proves_nothing() {
+        let f = followers(
+            vec![
+                follower("a", "web", "east,north"),
+                follower("a", "api", "north"),
+            ],
+            vec![
+                ours("a", "web-e", "web", "east"),
+                ours("a", "web-n", "web", "north"),
+            ],
         );
+        let failed = Listings::from([
+            ("east".to_string(), listed(&[])),
+            ("north".to_string(), None),
+        ]);
+        let p = plan(&f, &failed, &BTreeSet::new(), &opts(), &[]);
+        assert_eq!(names(&p), ["EndpointSlice a/web-e"], "north's are kept");
+        let unread = Listings::from([("east".to_string(), listed(&[]))]);
+        let p = plan(&f, &unread, &BTreeSet::new(), &opts(), &[]);
+        assert_eq!(
+            names(&p),
+            ["EndpointSlice a/web-e"],
+            "north is not read here: kept"
+        );
+        let go = followers(vec![go_era("a", "old")], vec![]);
+        let p = plan(&go, &failed, &BTreeSet::new(), &opts(), &[]);
+        assert!(
+            p.delete.is_empty(),
+            "a Go-era follower waits for every remote's proof"
+        );
+    }
+
+    #[test]
+    fn a_retired_remote_counts_as_proof_and_a_listing_that_has_the_leader_keeps_the_service() {
+        let f = followers(
+            vec![follower("a", "web", "north")],
+            vec![ours("a", "web-n", "web", "north")],
+        );
+        let retired = BTreeSet::from(["north".to_string()]);
+        let east_has_it = Listings::from([("east".to_string(), listed(&[("a", "web")]))]);
+        let p = plan(&f, &east_has_it, &retired, &opts(), &[]);
+        assert_eq!(
+            names(&p),
+            ["EndpointSlice a/web-n"],
+            "east exports it now: the Service stays for east"
+        );
+        let p = plan(&f, &Listings::new(), &retired, &opts(), &[]);
+        assert_eq!(names(&p), ["EndpointSlice a/web-n", "Service a/web"]);
     }
 
     #[test]
     fn followers_outside_the_watched_namespaces_are_left_alone() {
-        let services = vec![follower("watched", "x"), follower("elsewhere", "y")];
-        let got = orphans(
-            &leaders(&[]),
-            &metas(services),
-            &[],
-            &[],
+        let f = followers(
+            vec![
+                follower("watched", "x", "east"),
+                follower("elsewhere", "y", "east"),
+            ],
+            vec![],
+        );
+        let listings = Listings::from([("east".to_string(), listed(&[]))]);
+        let p = plan(
+            &f,
+            &listings,
+            &BTreeSet::new(),
             &opts(),
             &["watched".to_string()],
         );
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].namespace, "watched");
+        assert_eq!(names(&p), ["Service watched/x"]);
+    }
+
+    #[test]
+    fn recording_finds_every_follower_that_names_a_remote() {
+        let o = opts();
+        let services = vec![
+            (
+                ("a".to_string(), "web".to_string()),
+                recorded(&follower("a", "web", "east,north"), &o),
+            ),
+            (
+                ("a".to_string(), "api".to_string()),
+                recorded(&follower("a", "api", "east"), &o),
+            ),
+            (
+                ("b".to_string(), "old".to_string()),
+                recorded(&go_era("b", "old"), &o),
+            ),
+        ];
+        let slices = vec![(
+            ("c".to_string(), "db".to_string()),
+            slice_recorded(&ours("c", "db-n", "db", "north"), &o),
+        )];
+        assert_eq!(
+            recording(&services, &slices, "north"),
+            [
+                ("a".to_string(), "web".to_string()),
+                ("c".to_string(), "db".to_string())
+            ]
+        );
     }
 }
 
@@ -519,7 +694,6 @@ mod decision_tests {
     struct Setup {
         ctx: Ctx,
         local: ApiServer,
-        remote_client: Client,
         remote: ApiServer,
         _lease: watch::Sender<Option<Instant>>,
     }
@@ -534,10 +708,22 @@ mod decision_tests {
             vec![],
             Arc::new(LocalState::default()),
         );
+        let mut remote_opts = opts();
+        remote_opts.cluster_name = fixtures::REMOTE.to_string();
+        ctx.remotes.insert(crate::registry::Member {
+            state: Arc::new(crate::reconcile::RemoteState::new(
+                fixtures::REMOTE,
+                remote_opts,
+                vec![],
+            )),
+            client: remote_client.clone(),
+            cluster_id: None,
+            origin: crate::registry::Origin::Static,
+            cancel: tokio_util::sync::CancellationToken::new(),
+        });
         Setup {
             ctx,
             local,
-            remote_client,
             remote,
             _lease: tx,
         }
@@ -545,15 +731,7 @@ mod decision_tests {
 
     impl Setup {
         async fn sweep(&self) -> Result<SweepReport> {
-            sweep(
-                &self.ctx,
-                fixtures::REMOTE,
-                &self.remote_client,
-                &opts(),
-                &[],
-                PAGE_TIMEOUT,
-            )
-            .await
+            sweep(&self.ctx, &[], PAGE_TIMEOUT).await
         }
     }
 
@@ -688,8 +866,10 @@ mod decision_tests {
                 first_remote_page(&s.remote).await;
                 s.remote.expect(second_page(), failure()).await;
             })
-            .await;
-            assert!(swept.is_err(), "{what}: the sweep is aborted");
+            .await
+            .expect("the other remotes' sweep goes on");
+            assert_eq!(swept.deleted, 0, "{what}: nothing deleted on its word");
+            assert_eq!(swept.failed, [fixtures::REMOTE]);
         }
     }
 
@@ -701,8 +881,9 @@ mod decision_tests {
             first_remote_page(&s.remote).await;
             s.remote.expect_hang(second_page()).await;
         })
-        .await;
-        assert!(matches!(swept, Err(Error::Timeout(_))));
+        .await
+        .expect("the other remotes' sweep goes on");
+        assert_eq!((swept.deleted, swept.failed.len()), (0, 1));
     }
 
     #[tokio::test]

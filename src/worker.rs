@@ -1,9 +1,10 @@
 //! The workers: take a key from the queue, reconcile it (leader only), retry failures with
 //! back-off, and record the propagation lag of what was written. A pass that panics releases its
 //! key (it would otherwise stay "in progress" and never run again) and is retried like an error.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,17 +20,16 @@ use crate::reconcile::{self, Ctx, Key, Outcome};
 use crate::supervisor::panic_message;
 
 pub struct Runtime {
-    /// when a remote change for a key was first seen and not yet written
-    pending_since: Mutex<HashMap<Key, Instant>>,
+    /// when a remote change for a key was first seen and not yet written, and from which remote
+    pending_since: Mutex<HashMap<Key, (Instant, Arc<str>)>>,
     pub ctx: Arc<Ctx>,
     pub queue: Arc<WorkQueue<Key>>,
     pub leader: Leadership,
     retries: Mutex<HashMap<Key, u32>>,
-    /// remotes one of whose keys was dropped unreconciled (not leader, or caches not complete):
-    /// the next renewal while leading makes a full pass of each (a Lease that lapsed and came
-    /// back without ever being published as lost would otherwise lose those keys until they
-    /// change again)
-    dropped: Mutex<HashSet<Arc<str>>>,
+    /// a key was dropped unreconciled (not leader, or caches not complete): the next renewal
+    /// while leading makes a full pass (a Lease that lapsed and came back without ever being
+    /// published as lost would otherwise lose those keys until they change again)
+    dropped: AtomicBool,
 }
 
 impl Runtime {
@@ -40,35 +40,22 @@ impl Runtime {
             queue,
             leader,
             retries: Mutex::default(),
-            dropped: Mutex::default(),
+            dropped: AtomicBool::new(false),
         }
     }
 
-    /// The keys of `remote` that it mirrors (namespaces in scope); none for an unknown remote.
-    fn keys_of(&self, remote: &Arc<str>, keys: Vec<GroupKey>) -> Vec<Key> {
-        let Some(state) = self.ctx.remotes.state(remote) else {
-            return Vec::new();
-        };
+    /// The local keys of these groups that are mirrored (namespaces in scope).
+    fn keys_of(&self, keys: Vec<GroupKey>) -> Vec<Key> {
         keys.into_iter()
-            .filter(|k| state.in_scope(&k.0))
-            .map(|(namespace, name)| Key {
-                remote: Arc::clone(remote),
-                namespace,
-                name,
-            })
+            .filter(|k| self.ctx.in_scope(&k.0))
+            .map(|(namespace, name)| Key { namespace, name })
             .collect()
     }
 
-    pub fn enqueue_remote(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
-        for key in self.keys_of(remote, keys) {
+    /// Queues the keys of these groups (a full pass, a local change: drift, manual deletion).
+    pub fn enqueue(&self, keys: Vec<GroupKey>) {
+        for key in self.keys_of(keys) {
             self.queue.add(key);
-        }
-    }
-
-    /// A local change (drift, manual deletion): the key again for every remote.
-    pub fn enqueue_local(&self, keys: Vec<GroupKey>) {
-        for s in self.ctx.remotes.states() {
-            self.enqueue_remote(&s.name, keys.clone());
         }
     }
 
@@ -77,12 +64,19 @@ impl Runtime {
     /// collect entries). Every remembered key is queued, and every queued key is settled, so the
     /// map holds at most the keys in flight.
     pub fn remote_changed(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
-        let keys = self.keys_of(remote, keys);
+        if self.ctx.remotes.get(remote).is_none() {
+            // a remote that left: its last events are not worth a pass (its retirement queues
+            // what it recorded)
+            return;
+        }
+        let keys = self.keys_of(keys);
         if self.leader.is_leader() {
             let now = Instant::now();
             let mut pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
             for key in &keys {
-                pending.entry(key.clone()).or_insert(now);
+                pending
+                    .entry(key.clone())
+                    .or_insert_with(|| (now, Arc::clone(remote)));
             }
         }
         for key in keys {
@@ -103,11 +97,11 @@ impl Runtime {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
-        if let (true, Some(at)) = (wrote, since) {
+        if let (true, Some((at, remote))) = (wrote, since) {
             self.ctx
                 .metrics
                 .lag
-                .get_or_create(&labels([("remote", &key.remote)]))
+                .get_or_create(&labels([("remote", &remote)]))
                 .observe(at.elapsed().as_secs_f64());
         }
     }
@@ -124,12 +118,12 @@ impl Runtime {
         self.ctx
             .metrics
             .reconciles
-            .get_or_create(&labels([("remote", &key.remote), ("outcome", "error")]))
+            .get_or_create(&labels([("outcome", "error")]))
             .inc();
         if n >= 5 || matches!(e, Error::Panic(_)) {
             error!(
                 key = %key, error = %e, attempt = n,
-                tags.remote = %key.remote, tags.namespace = %key.namespace, tags.kind = "Service",
+                tags.namespace = %key.namespace, tags.kind = "Service",
                 tags.category = e.category(),
                 "reconcile keeps failing; retrying"
             );
@@ -139,19 +133,16 @@ impl Runtime {
         self.queue.add_after(key, delay);
     }
 
-    /// The remotes a key of which was dropped since the last call.
-    pub fn take_dropped(&self) -> HashSet<Arc<str>> {
-        std::mem::take(&mut *self.dropped.lock().unwrap_or_else(|p| p.into_inner()))
+    /// Whether a key was dropped since the last call.
+    pub fn take_dropped(&self) -> bool {
+        self.dropped.swap(false, Ordering::SeqCst)
     }
 
-    /// A key set aside unreconciled: settled, and its remote remembered for the next full pass.
+    /// A key set aside unreconciled: settled, and a full pass marked due.
     fn drop_key(&self, key: &Key) {
         self.forget(key);
         self.settled(key, false);
-        self.dropped
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(Arc::clone(&key.remote));
+        self.dropped.store(true, Ordering::SeqCst);
     }
 
     fn forget(&self, key: &Key) {
@@ -189,11 +180,7 @@ pub async fn run(rt: Arc<Runtime>) {
         let result = process(&rt.queue, &key, reconcile::reconcile(&rt.ctx, &key))
             .await
             .unwrap_or_else(|panic| {
-                rt.ctx
-                    .metrics
-                    .panics
-                    .get_or_create(&labels([("remote", &key.remote)]))
-                    .inc();
+                rt.ctx.metrics.panics.inc();
                 Err(Error::Panic(panic))
             });
         match result {
@@ -268,12 +255,8 @@ mod tests {
         rt.queue.close();
         crate::fixtures::within("the worker to drain the queue", run(Arc::clone(&rt))).await;
         assert_eq!(rt.tracked(), (0, 0));
-        assert_eq!(
-            rt.take_dropped(),
-            HashSet::from([Arc::from(crate::fixtures::REMOTE)]),
-            "a full pass of that remote is due once leading again"
-        );
-        assert!(rt.take_dropped().is_empty(), "once");
+        assert!(rt.take_dropped(), "a full pass is due once leading again");
+        assert!(!rt.take_dropped(), "once");
     }
 
     #[tokio::test]

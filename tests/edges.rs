@@ -471,6 +471,8 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         BTreeSet::from([
             "fair.com/cross-cluster-copied-labels",
             "fair.com/cross-cluster-origin-cluster",
+            "fair.com/cross-cluster-origin-cluster-id",
+            "fair.com/cross-cluster-origin-clusters",
             "fair.com/cross-cluster-origin-object",
             "fair.com/cross-cluster-origin-uid"
         ]),

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
@@ -163,26 +164,31 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     })
     .await;
     let writes = d.metric("xcc_writes_total", &[]);
-    let unchanged = ["remote=\"east\"", "outcome=\"unchanged\""];
+    let unchanged = ["outcome=\"unchanged\""];
     let first_passes = || {
         d.logs()
             .lines()
-            .filter(|l| l.contains("caches synced; reconciling every leader remote=east"))
+            .filter(|l| {
+                l.contains("caches synced; reconciling every leader and follower")
+                    && l.contains("remote=east")
+            })
             .count()
     };
     let passes_before = first_passes();
+    // counted before the rotation: its first pass queues both followers (from-east, from-south),
+    // each then passed at least once, finding nothing to write
+    let passes = d.metric("xcc_reconciles_total", &unchanged);
     apply_secret(&secrets, &remote_secret("east", None, Some(&rotated))).await;
     d.wait_metric("xcc_remote_changes_total", &["change=\"rotated\""], 1.0)
         .await;
-    // the new watches listed east and queued its leader (a count taken only then, so a pass of
-    // the old watches cannot stand in for it); that pass found nothing to write
+    // the new watches listed east and queued every key (a count taken only then, so a pass of
+    // the old watches cannot stand in for it)
     eventually("the rotated remote's first pass", WAIT, || async {
         let n = first_passes();
         (n > passes_before).then_some(()).ok_or(format!("{n}"))
     })
     .await;
-    let passes = d.metric("xcc_reconciles_total", &unchanged);
-    d.wait_metric("xcc_reconciles_total", &unchanged, passes + 1.0)
+    d.wait_metric("xcc_reconciles_total", &unchanged, passes + 2.0)
         .await;
     let east_rotated = west.get("from-east").await.unwrap();
     assert_eq!(
@@ -568,6 +574,244 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
             ),
         },
         &Lost::since(&before, &after, &names(&["a", "b"])),
+        &before.non_followers_touched(&after),
+    );
+}
+
+/// A remote slice of `svc` as the remote cluster's EndpointSlice controller writes it.
+fn remote_slice(svc: &str, name: &str, ip: &str) -> EndpointSlice {
+    obj(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, KEY: "true",
+                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
+    }))
+}
+
+fn leader_with(name: &str, ports: serde_json::Value) -> Service {
+    obj(json!({"metadata": {"name": name, "labels": {KEY: "true"}}, "spec": {"ports": ports}}))
+}
+
+/// The local follower slices of `svc`: (their source-cluster label, their addresses), sorted.
+async fn sources(api: &Api<EndpointSlice>, svc: &str) -> Result<Vec<(String, String)>, String> {
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
+    let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+    let mut out: Vec<(String, String)> = list
+        .items
+        .iter()
+        .map(|s| {
+            let source = s
+                .labels()
+                .get("fair.com/cross-cluster-origin-cluster")
+                .cloned()
+                .unwrap_or_default();
+            let ips: Vec<String> = s
+                .endpoints
+                .iter()
+                .flat_map(|e| e.addresses.clone())
+                .collect();
+            (source, ips.join(","))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn port_names(s: &Service) -> Vec<(String, i32)> {
+    let mut out: Vec<(String, i32)> = s
+        .spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| (p.name.clone().unwrap_or_default(), p.port))
+        .collect();
+    out.sort();
+    out
+}
+
+async fn events_with_reason(ns: &str, reason: &str) -> Result<Vec<String>, String> {
+    let events: Api<Event> = Api::namespaced(client(LOCAL).await, ns);
+    let list = events
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let notes: Vec<String> = list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.note.clone().unwrap_or_default())
+        .collect();
+    if notes.is_empty() {
+        return Err(format!("no {reason} Event among {}", list.items.len()));
+    }
+    Ok(notes)
+}
+
+#[tokio::test]
+async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes_only_its_own() {
+    support::extra_cluster(SOUTH, "").await;
+    let ns = namespace_in("remotes-merge", &[REMOTE, LOCAL, SOUTH]).await;
+    let pp = PostParams::default();
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let south: Api<Service> = Api::namespaced(client(SOUTH).await, &ns.name);
+    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let south_sl: Api<EndpointSlice> = Api::namespaced(client(SOUTH).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let west_sl: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    // east's leaders are the older ones: east wins every conflict
+    east.create(&pp, &leader("both", 80)).await.unwrap();
+    east_sl
+        .create(&pp, &remote_slice("both", "both-e", "10.1.0.1"))
+        .await
+        .unwrap();
+    east.create(&pp, &leader("clash", 80)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await; // creationTimestamps have 1 s steps
+    let both_south = json!([{"name": "http", "port": 80}, {"name": "metrics", "port": 9100}]);
+    south
+        .create(&pp, &leader_with("both", both_south))
+        .await
+        .unwrap();
+    south_sl
+        .create(&pp, &remote_slice("both", "both-s", "10.2.0.1"))
+        .await
+        .unwrap();
+    south.create(&pp, &leader("clash", 81)).await.unwrap();
+    south.create(&pp, &leader("only-south", 80)).await.unwrap();
+    decoy(&west).await;
+    let d = daemon(&ns.name).await;
+
+    let t0 = Instant::now();
+    for (name, context) in [("east", REMOTE), ("south", SOUTH)] {
+        let kc = kubeconfig_of(context, |_| {}).await;
+        apply_secret(&secrets, &remote_secret(name, None, Some(&kc))).await;
+    }
+    let want = vec![
+        ("east".to_string(), "10.1.0.1".to_string()),
+        ("south".to_string(), "10.2.0.1".to_string()),
+    ];
+    eventually("one follower with both remotes' slices", WAIT, || async {
+        let got = sources(&west_sl, "both").await?;
+        (got == want).then_some(()).ok_or(format!("{got:?}"))
+    })
+    .await;
+    let merged_in = t0.elapsed();
+    let both = west.get("both").await.unwrap();
+    assert_eq!(
+        port_names(&both),
+        [("http".to_string(), 80), ("metrics".to_string(), 9100)],
+        "ports are the union by name"
+    );
+    assert_eq!(
+        both.annotations()
+            .get("fair.com/cross-cluster-origin-clusters"),
+        Some(&"east,south".to_string())
+    );
+    for s in west_sl
+        .list(&ListParams::default().labels("kubernetes.io/service-name=both"))
+        .await
+        .unwrap()
+        .items
+    {
+        assert!(
+            s.labels()
+                .contains_key("multicluster.kubernetes.io/source-cluster"),
+            "MCS source-cluster label on {}",
+            s.name_any()
+        );
+        assert_eq!(s.owner_references()[0].uid, both.uid().unwrap());
+    }
+    // the conflict: south's http is 81, east's (older) 80 wins; reported, south counted
+    eventually("clash mirrored with east's port", WAIT, || async {
+        let c = present(&west, "clash").await?;
+        (port_names(&c) == [("http".to_string(), 80)])
+            .then_some(())
+            .ok_or(format!("{:?}", port_names(&c)))
+    })
+    .await;
+    let notes = eventually("the ServiceConflict Event", WAIT, || {
+        events_with_reason(&ns.name, "ServiceConflict")
+    })
+    .await;
+    assert!(
+        notes[0].contains("south") && notes[0].contains("port"),
+        "{notes:?}"
+    );
+    d.wait_metric(
+        "xcc_export_conflicts",
+        &["remote=\"south\"", "kind=\"port\""],
+        1.0,
+    )
+    .await;
+    eventually("only-south mirrored", WAIT, || present(&west, "only-south")).await;
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+
+    // south's leader of "both" goes: south's slice goes, east's and the Service stay
+    south
+        .delete("both", &DeleteParams::default())
+        .await
+        .unwrap();
+    let want_east = vec![("east".to_string(), "10.1.0.1".to_string())];
+    eventually("only east's slice left", WAIT, || async {
+        let got = sources(&west_sl, "both").await?;
+        (got == want_east).then_some(()).ok_or(format!("{got:?}"))
+    })
+    .await;
+    eventually("south no longer recorded on both", WAIT, || async {
+        let b = present(&west, "both").await?;
+        let list = b
+            .annotations()
+            .get("fair.com/cross-cluster-origin-clusters")
+            .cloned();
+        (list.as_deref() == Some("east"))
+            .then_some(())
+            .ok_or(format!("{list:?}"))
+    })
+    .await;
+    assert_eq!(
+        west.get("both").await.unwrap().uid(),
+        both.uid(),
+        "not re-created"
+    );
+
+    // south leaves: what only it exported goes; east's followers stay as they were
+    let clash = west.get("clash").await.unwrap();
+    secrets
+        .delete("south", &DeleteParams::default())
+        .await
+        .unwrap();
+    let t1 = Instant::now();
+    eventually("only-south deleted", WAIT, || absent(&west, "only-south")).await;
+    let left = t1.elapsed();
+    d.wait_metric("xcc_remote_changes_total", &["change=\"left\""], 1.0)
+        .await;
+    eventually("clash records east only", WAIT, || async {
+        let c = present(&west, "clash").await?;
+        let list = c
+            .annotations()
+            .get("fair.com/cross-cluster-origin-clusters")
+            .cloned();
+        (list.as_deref() == Some("east"))
+            .then_some(())
+            .ok_or(format!("{list:?}"))
+    })
+    .await;
+    assert_eq!(west.get("clash").await.unwrap().uid(), clash.uid());
+    assert_eq!(sources(&west_sl, "both").await.unwrap(), want_east);
+    let after = snapshot(&lc, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "41-merged-follower-two-remotes",
+            scenario: "One Service exported by two remotes: one follower, per-remote slices, conflicts, each remote leaving alone",
+            done: "east and south both export `both` (south adds a port) and `clash` (same port name, another number; east older); south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
+            converge: Some(merged_in),
+            note: format!(
+                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid",
+                left.as_secs_f64()
+            ),
+        },
+        &Lost::since(&before, &after, &names(&["both", "clash"])),
         &before.non_followers_touched(&after),
     );
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::{FOLLOWER_VALUE, Options, Ownership, Skip};
+use super::{FOLLOWER_VALUE, Options, Recorded, Skip};
 
 /// The API server's limit on the total size of an object's annotation keys and values.
 pub(crate) const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
@@ -103,25 +103,39 @@ pub(crate) fn origin_annotations(namespace: &str, name: &str, opts: &Options) ->
     annotations
 }
 
-/// Classifies a local object by its follower label and origin-cluster annotation.
-pub(crate) fn ownership(meta: &ObjectMeta, opts: &Options) -> Ownership {
+/// What a local object records about where it came from, judged by its follower label and
+/// origin annotations: the remotes listed in `origin-clusters` (a merged follower), else the one
+/// in `origin-cluster`, else none (a follower the Go controller left).
+pub(crate) fn recorded(meta: &ObjectMeta, opts: &Options) -> Recorded {
     let is_follower = meta
         .labels
         .as_ref()
         .and_then(|labels| labels.get(&opts.label_key))
         .is_some_and(|value| value == FOLLOWER_VALUE);
     if !is_follower {
-        return Ownership::NotOurs;
+        return Recorded::NotOurs;
     }
-    let origin = meta
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(&opts.origin_cluster_annotation()));
-    match origin {
-        None => Ownership::Adoptable,
-        Some(cluster) if *cluster == opts.cluster_name => Ownership::Ours,
-        Some(_) => Ownership::OtherRemote,
+    let annotations = meta.annotations.as_ref();
+    let get = |key: String| annotations.and_then(|a| a.get(&key));
+    if let Some(list) = get(opts.origin_clusters_annotation()) {
+        let set: std::collections::BTreeSet<String> = list
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect();
+        if !set.is_empty() {
+            return Recorded::From(set);
+        }
     }
+    match get(opts.origin_cluster_annotation()) {
+        Some(cluster) => Recorded::From([cluster.clone()].into()),
+        None => Recorded::GoEra,
+    }
+}
+
+/// Whether `s` is a valid label value (what the API server accepts).
+pub(crate) fn is_label_value(s: &str) -> bool {
+    s.is_empty() || (s.len() <= LABEL_VALUE_MAX && is_qualified_name_part(s))
 }
 
 /// Checks the labels and annotations of a desired object the way the API server would.

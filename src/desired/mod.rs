@@ -6,13 +6,14 @@
 //! * [`follower`] turns a remote leader Service and all of its remote EndpointSlices into a
 //!   [`Follower`]: the selectorless follower Service, the follower EndpointSlices and/or the
 //!   legacy core/v1 Endpoints, depending on [`EndpointsMode`].
-//! * [`service_ownership`], [`endpoints_ownership`] and [`slice_ownership`] classify an existing
-//!   local object from its labels and annotations.
+//! * [`merge`] makes one follower of the exports of several remotes (same namespace/name).
+//! * [`recorded`] and [`slice_recorded`] tell which remotes an existing local object records.
 //! * [`service_change`], [`slice_change`] and [`endpoints_change`] compare a live local object
 //!   with the desired one, ignoring everything the API server defaults and everything other
 //!   managers added, and return the object to write (if any).
 
 mod endpoints;
+mod merge;
 mod meta;
 mod service;
 mod slices;
@@ -21,6 +22,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub use endpoints::endpoints_change;
+pub use merge::{Conflict, ConflictKind, Export, Merged, merge};
 pub use service::{ServiceChange, service_change};
 pub use slices::{set_slice_owner, slice_change};
 
@@ -38,6 +40,8 @@ pub const LEADER_VALUE: &str = "true";
 /// Value of the label key on the local objects we write.
 pub const FOLLOWER_VALUE: &str = "follower";
 
+/// The MCS API's label naming the cluster an EndpointSlice's endpoints come from (KEP-1645).
+pub const MCS_SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
 /// Label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Suffix of the annotation recording the label keys copied from the leader.
@@ -123,6 +127,18 @@ impl Options {
     /// Annotation holding the id of the remote cluster a follower comes from.
     pub fn origin_cluster_id_annotation(&self) -> String {
         self.annotation("origin-cluster-id")
+    }
+
+    /// Annotation listing every remote a merged follower Service carries (comma-separated,
+    /// sorted): the remotes whose proof its deletion needs.
+    pub fn origin_clusters_annotation(&self) -> String {
+        self.annotation("origin-clusters")
+    }
+
+    /// Label on a follower EndpointSlice naming the remote it mirrors (when the name is a
+    /// valid label value; the annotation of the same key always names it).
+    pub fn origin_cluster_label(&self) -> String {
+        self.annotation("origin-cluster")
     }
 
     /// Annotation holding `namespace/name` of the remote leader Service.
@@ -228,17 +244,22 @@ impl Skip {
     }
 }
 
-/// Ownership of an existing local object, judged from its labels and annotations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ownership {
-    /// Follower label, and the origin-cluster annotation names our remote cluster.
-    Ours,
-    /// Follower label without an origin-cluster annotation (left by the old Go controller).
-    Adoptable,
-    /// Follower label, but the origin-cluster annotation names another remote cluster.
-    OtherRemote,
-    /// No follower label (or, for a slice, not managed by us).
+/// What an existing local object records about its origin (see [`recorded`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// No follower label (or, for a slice, not managed by us): never ours.
     NotOurs,
+    /// Follower label without origin annotations (left by the old Go controller): adoptable.
+    GoEra,
+    /// A follower of these remotes (a slice names exactly one).
+    From(std::collections::BTreeSet<String>),
+}
+
+impl Recorded {
+    /// Whether the object is a follower and records the remote `cluster`.
+    pub fn names(&self, cluster: &str) -> bool {
+        matches!(self, Recorded::From(set) if set.contains(cluster))
+    }
 }
 
 /// Remote leader Service (must carry `<key>=true`) plus ALL remote EndpointSlices of it ->
@@ -306,45 +327,29 @@ pub fn follower(
     })
 }
 
-/// Ownership of a local Service.
-pub fn service_ownership(svc: &Service, opts: &Options) -> Ownership {
-    meta::ownership(&svc.metadata, opts)
+/// The remotes a local Service or Endpoints object records (its metadata is enough).
+pub fn recorded(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    opts: &Options,
+) -> Recorded {
+    meta::recorded(metadata, opts)
 }
 
-/// Ownership of a local core/v1 Endpoints object.
-pub fn endpoints_ownership(ep: &Endpoints, opts: &Options) -> Ownership {
-    meta::ownership(&ep.metadata, opts)
-}
-
-/// Ownership of a local EndpointSlice: as for a Service, but a slice whose
+/// The remote a local EndpointSlice records: as for a Service, but a slice whose
 /// `endpointslice.kubernetes.io/managed-by` label is not [`MANAGED_BY`] is never ours (slices
 /// mirrored by kube-controller-manager from our Endpoints carry the follower label too).
-pub fn slice_ownership(slice: &EndpointSlice, opts: &Options) -> Ownership {
-    slice_meta_ownership(&slice.metadata, opts)
-}
-
-/// Ownership of a local Service or Endpoints judged from its metadata alone (what a
-/// metadata-only listing returns).
-pub fn meta_ownership(
+pub fn slice_recorded(
     metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     opts: &Options,
-) -> Ownership {
-    meta::ownership(metadata, opts)
-}
-
-/// [`slice_ownership`] from a slice's metadata alone.
-pub fn slice_meta_ownership(
-    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    opts: &Options,
-) -> Ownership {
+) -> Recorded {
     let managed_by = metadata
         .labels
         .as_ref()
         .and_then(|labels| labels.get(MANAGED_BY_LABEL));
     if managed_by.map(String::as_str) != Some(MANAGED_BY) {
-        return Ownership::NotOurs;
+        return Recorded::NotOurs;
     }
-    meta::ownership(metadata, opts)
+    meta::recorded(metadata, opts)
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {
@@ -448,6 +453,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 
     #[test]
@@ -584,89 +590,74 @@ mod tests {
     }
 
     #[test]
-    fn ownership_cases() {
+    fn recorded_origin_cases() {
         let o = opts(EndpointsMode::Both);
-        let svc = |labels: serde_json::Value, annotations: serde_json::Value| -> Service {
-            serde_json::from_value(json!({
-                "metadata": {"name": "web", "namespace": "shop",
-                             "labels": labels, "annotations": annotations},
-            }))
+        let meta = |labels: serde_json::Value, annotations: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(json!({"name": "web", "namespace": "shop",
+                                          "labels": labels, "annotations": annotations}))
             .unwrap()
         };
+        let from = |names: &[&str]| Recorded::From(names.iter().map(|n| n.to_string()).collect());
         let follower_label = json!({"fair.com/cross-cluster": "follower"});
-        let ours = json!({"fair.com/cross-cluster-origin-cluster": "remote-a"});
-        let other = json!({"fair.com/cross-cluster-origin-cluster": "remote-b"});
+        let one = json!({"fair.com/cross-cluster-origin-cluster": "remote-a"});
+        let merged = json!({"fair.com/cross-cluster-origin-cluster": "remote-a",
+                            "fair.com/cross-cluster-origin-clusters": "remote-a,remote-b"});
 
         assert_eq!(
-            service_ownership(&svc(follower_label.clone(), ours.clone()), &o),
-            Ownership::Ours
+            recorded(&meta(follower_label.clone(), one.clone()), &o),
+            from(&["remote-a"])
         );
         assert_eq!(
-            service_ownership(&svc(follower_label.clone(), json!({})), &o),
-            Ownership::Adoptable
+            recorded(&meta(follower_label.clone(), merged), &o),
+            from(&["remote-a", "remote-b"])
         );
         assert_eq!(
-            service_ownership(&svc(follower_label.clone(), other.clone()), &o),
-            Ownership::OtherRemote
+            recorded(&meta(follower_label.clone(), json!({})), &o),
+            Recorded::GoEra
         );
         assert_eq!(
-            service_ownership(
-                &svc(json!({"fair.com/cross-cluster": "true"}), ours.clone()),
+            recorded(
+                &meta(json!({"fair.com/cross-cluster": "true"}), one.clone()),
                 &o
             ),
-            Ownership::NotOurs
+            Recorded::NotOurs
         );
         assert_eq!(
-            service_ownership(&svc(json!(null), json!(null)), &o),
-            Ownership::NotOurs
+            recorded(&meta(json!(null), json!(null)), &o),
+            Recorded::NotOurs
         );
 
-        let ep: Endpoints = serde_json::from_value(json!({
-            "metadata": {"name": "web", "labels": follower_label, "annotations": other},
-        }))
-        .unwrap();
-        assert_eq!(endpoints_ownership(&ep, &o), Ownership::OtherRemote);
-
-        let slice = |managed_by: &str, annotations: serde_json::Value| -> EndpointSlice {
-            serde_json::from_value(json!({
-                "metadata": {"name": "web-1", "namespace": "shop",
-                             "labels": {"fair.com/cross-cluster": "follower",
-                                        "endpointslice.kubernetes.io/managed-by": managed_by},
-                             "annotations": annotations},
-                "addressType": "IPv4",
-                "endpoints": [],
-            }))
-            .unwrap()
+        let slice = |managed_by: &str, annotations: serde_json::Value| -> ObjectMeta {
+            meta(
+                json!({"fair.com/cross-cluster": "follower",
+                       "endpointslice.kubernetes.io/managed-by": managed_by}),
+                annotations,
+            )
         };
         assert_eq!(
-            slice_ownership(&slice(MANAGED_BY, ours.clone()), &o),
-            Ownership::Ours
+            slice_recorded(&slice(MANAGED_BY, one.clone()), &o),
+            from(&["remote-a"])
         );
         assert_eq!(
-            slice_ownership(&slice(MANAGED_BY, json!({})), &o),
-            Ownership::Adoptable
+            slice_recorded(&slice(MANAGED_BY, json!({})), &o),
+            Recorded::GoEra
         );
         assert_eq!(
-            slice_ownership(&slice(MANAGED_BY, other), &o),
-            Ownership::OtherRemote
-        );
-        assert_eq!(
-            slice_ownership(&slice("endpointslicemirroring-controller.k8s.io", ours), &o),
-            Ownership::NotOurs
+            slice_recorded(&slice("endpointslicemirroring-controller.k8s.io", one), &o),
+            Recorded::NotOurs
         );
     }
 
     #[test]
-    fn generated_objects_are_owned_by_us() {
+    fn generated_objects_record_their_remote() {
         let o = opts(EndpointsMode::Both);
         let s = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
         let f = follower(&cluster_ip_service(), &[&s], &o).unwrap();
-        assert_eq!(service_ownership(&f.service, &o), Ownership::Ours);
-        assert_eq!(slice_ownership(&f.slices[0], &o), Ownership::Ours);
-        assert_eq!(
-            endpoints_ownership(f.endpoints.as_ref().unwrap(), &o),
-            Ownership::Ours
-        );
+        assert!(recorded(&f.service.metadata, &o).names("remote-a"));
+        assert!(slice_recorded(&f.slices[0].metadata, &o).names("remote-a"));
+        assert!(recorded(&f.endpoints.as_ref().unwrap().metadata, &o).names("remote-a"));
+        let labels = f.slices[0].metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["fair.com/cross-cluster-origin-cluster"], "remote-a");
     }
 
     #[test]

@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use super::meta::{self, StringMap};
 use super::{
-    FOLLOWER_VALUE, MANAGED_BY, MANAGED_BY_LABEL, MAX_ENDPOINTS_PER_SLICE, Options,
-    SERVICE_NAME_LABEL,
+    FOLLOWER_VALUE, MANAGED_BY, MANAGED_BY_LABEL, MAX_ENDPOINTS_PER_SLICE,
+    MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
 };
 
 const PROTOCOL_TCP: &str = "TCP";
@@ -170,9 +170,12 @@ fn endpoint_cmp(a: &Endpoint, b: &Endpoint) -> Ordering {
         .then_with(|| a.zone.cmp(&b.zone))
 }
 
-/// First 8 hex characters of sha256 over the address type and the canonical ports.
-fn group_hash(address_type: &str, ports: &[PortKey]) -> String {
+/// First 8 hex characters of sha256 over the remote's name, the address type and the canonical
+/// ports: the slices of one Service from two remotes never share a name.
+fn group_hash(cluster: &str, address_type: &str, ports: &[PortKey]) -> String {
     let mut hasher = Sha256::new();
+    hasher.update(cluster.as_bytes());
+    hasher.update(b"\n");
     hasher.update(address_type.as_bytes());
     for port in ports {
         let number = port.port.map_or_else(|| "-".to_string(), |n| n.to_string());
@@ -216,12 +219,21 @@ pub(crate) fn desired_slices(
     labels.insert(SERVICE_NAME_LABEL.to_string(), name.to_string());
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
     labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
+    // which remote these endpoints come from, selectable: ours, and the MCS API's (whose value
+    // is the cluster id)
+    if meta::is_label_value(&opts.cluster_name) {
+        labels.insert(opts.origin_cluster_label(), opts.cluster_name.clone());
+    }
+    let source = opts.cluster_id.as_ref().unwrap_or(&opts.cluster_name);
+    if meta::is_label_value(source) {
+        labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), source.clone());
+    }
     let mut annotations = meta::origin_annotations(namespace, name, opts);
     meta::record_copied_labels(&mut annotations, service_labels, opts);
 
     let mut slices = Vec::new();
     for group in groups {
-        let hash = group_hash(&group.address_type, &group.ports);
+        let hash = group_hash(&opts.cluster_name, &group.address_type, &group.ports);
         let ports: Vec<EndpointPort> = group.ports.iter().map(PortKey::to_port).collect();
         for (index, chunk) in group.endpoints.chunks(MAX_ENDPOINTS_PER_SLICE).enumerate() {
             slices.push(EndpointSlice {

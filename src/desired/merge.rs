@@ -1,0 +1,648 @@
+//! One follower for a Service several remotes export (the same namespace/name): the union of
+//! their ports by name and per-remote EndpointSlices, with Service-level conflicts resolved as
+//! the MCS API resolves export conflicts: the oldest leader (creationTimestamp, then cluster
+//! name) wins, and every loser is reported.
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Follower, Options, Skip, endpoints, follower, service, slices};
+
+/// One remote's export of the key: its leader and every slice of it.
+pub struct Export<'a> {
+    /// this remote's options (its name and cluster id)
+    pub opts: &'a Options,
+    pub leader: &'a Service,
+    pub slices: Vec<&'a EndpointSlice>,
+}
+
+/// What a losing export conflicts on. Bounded: usable as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConflictKind {
+    /// ClusterIP vs headless vs ExternalName (or two ExternalName targets)
+    Type,
+    /// the same port name with another port or protocol, or a port that cannot be added
+    Port,
+    /// session affinity or its timeout
+    SessionAffinity,
+}
+
+impl ConflictKind {
+    pub const LABELS: [&'static str; 3] = ["type", "port", "session_affinity"];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ConflictKind::Type => "type",
+            ConflictKind::Port => "port",
+            ConflictKind::SessionAffinity => "session_affinity",
+        }
+    }
+}
+
+/// A losing export's difference from the follower.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// the remote whose export lost
+    pub cluster: String,
+    /// the remote whose leader is the oldest
+    pub winner: String,
+    pub kind: ConflictKind,
+    pub detail: String,
+}
+
+/// The follower of several exports.
+#[derive(Debug, Default)]
+pub struct Merged {
+    /// None when no export could be mirrored
+    pub follower: Option<Follower>,
+    /// remotes recorded on the follower: every export mirrored, and the held ones
+    pub contributors: BTreeSet<String>,
+    /// remotes whose leader cannot be mirrored, with why (their slices are left as they are)
+    pub skipped: Vec<(String, Skip)>,
+    pub conflicts: Vec<Conflict>,
+}
+
+/// Oldest first; a leader without a creationTimestamp sorts last; ties by cluster name.
+fn age_key<'a>(e: &'a Export<'_>) -> (bool, Option<&'a Time>, &'a str) {
+    let created = e.leader.metadata.creation_timestamp.as_ref();
+    (created.is_none(), created, e.opts.cluster_name.as_str())
+}
+
+/// Pure: the follower of `exports`. `held` are remotes the follower records whose state cannot
+/// be read now (not connected, not listed yet): they stay recorded, and while any is, the live
+/// follower's ports are kept (those remotes' endpoints may use them).
+pub fn merge(
+    exports: &[Export<'_>],
+    held: &BTreeSet<String>,
+    live: Option<&Service>,
+    opts: &Options,
+) -> Merged {
+    let mut out = Merged::default();
+    let mut order: Vec<&Export<'_>> = exports.iter().collect();
+    order.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
+    let mut parts: Vec<(&Export<'_>, Follower)> = Vec::new();
+    for e in order {
+        match follower(e.leader, &e.slices, e.opts) {
+            Ok(f) => parts.push((e, f)),
+            Err(skip) => out.skipped.push((e.opts.cluster_name.clone(), skip)),
+        }
+    }
+    let Some(((first, winner), rest)) = parts.split_first() else {
+        return out;
+    };
+    let winner_name = &first.opts.cluster_name;
+    let mut svc = winner.service.clone();
+    let mut slices_out = winner.slices.clone();
+    out.contributors.insert(winner_name.clone());
+    let spec = svc.spec.get_or_insert_with(ServiceSpec::default);
+    for (e, f) in rest {
+        let cluster = &e.opts.cluster_name;
+        out.contributors.insert(cluster.clone());
+        let theirs = f.service.spec.clone().unwrap_or_default();
+        let found = absorb(spec, &theirs);
+        let fits = !found.iter().any(|(k, _)| *k == ConflictKind::Type);
+        out.conflicts
+            .extend(found.into_iter().map(|(kind, detail)| Conflict {
+                cluster: cluster.clone(),
+                winner: winner_name.clone(),
+                kind,
+                detail,
+            }));
+        // an ExternalName follower has no endpoints; any other can take theirs
+        if fits || !service::is_external_name(&winner.service) {
+            slices_out.extend(f.slices.iter().cloned());
+        }
+    }
+    out.contributors.extend(held.iter().cloned());
+    if !held.is_empty()
+        && let Some(live_spec) = live.and_then(|l| l.spec.as_ref())
+    {
+        keep_ports(spec, live_spec);
+    }
+    let list = out
+        .contributors
+        .iter()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    svc.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(opts.origin_clusters_annotation(), list.clone());
+    slices_out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let endpoints = winner.endpoints.as_ref().map(|_| {
+        let relevant: Vec<&EndpointSlice> = parts
+            .iter()
+            .flat_map(|(e, _)| e.slices.iter().copied())
+            .filter(|s| slices::belongs_to(s, &svc_name(&svc), &svc_namespace(&svc)))
+            .collect();
+        let groups = slices::group_endpoints(&relevant);
+        let labels = svc.metadata.labels.clone().unwrap_or_default();
+        let mut ep = endpoints::desired_endpoints(
+            &groups,
+            &svc_name(&svc),
+            &svc_namespace(&svc),
+            &labels,
+            first.opts,
+        );
+        ep.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(opts.origin_clusters_annotation(), list.clone());
+        ep
+    });
+    out.follower = Some(Follower {
+        service: svc,
+        slices: slices_out,
+        endpoints,
+    });
+    out
+}
+
+fn svc_name(s: &Service) -> String {
+    s.metadata.name.clone().unwrap_or_default()
+}
+
+fn svc_namespace(s: &Service) -> String {
+    s.metadata.namespace.clone().unwrap_or_default()
+}
+
+/// ClusterIP, headless, or ExternalName with its target.
+fn class(spec: &ServiceSpec) -> String {
+    if spec.type_.as_deref() == Some("ExternalName") {
+        format!(
+            "ExternalName {}",
+            spec.external_name.as_deref().unwrap_or("")
+        )
+    } else if spec.cluster_ip.as_deref() == Some("None") {
+        "headless".to_string()
+    } else {
+        "ClusterIP".to_string()
+    }
+}
+
+fn affinity(spec: &ServiceSpec) -> (String, Option<i32>) {
+    let kind = spec
+        .session_affinity
+        .clone()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "None".to_string());
+    let timeout = (kind == "ClientIP").then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(10800)
+    });
+    (kind, timeout)
+}
+
+fn protocol(p: &ServicePort) -> &str {
+    p.protocol.as_deref().unwrap_or("TCP")
+}
+
+fn describe(p: &ServicePort) -> String {
+    format!(
+        "{:?} {}/{}",
+        p.name.as_deref().unwrap_or(""),
+        p.port,
+        protocol(p)
+    )
+}
+
+/// Why a port cannot join `ports`, if it cannot.
+fn port_conflict(ports: &[ServicePort], p: &ServicePort) -> Option<Option<String>> {
+    let name = p.name.as_deref().unwrap_or("");
+    if let Some(q) = ports
+        .iter()
+        .find(|q| q.name.as_deref().unwrap_or("") == name)
+    {
+        let same = q.port == p.port && protocol(q) == protocol(p);
+        // the same port: nothing to add, no conflict
+        return Some((!same).then(|| format!("{} vs {}", describe(p), describe(q))));
+    }
+    if let Some(q) = ports
+        .iter()
+        .find(|q| q.port == p.port && protocol(q) == protocol(p))
+    {
+        return Some(Some(format!("{} vs {}", describe(p), describe(q))));
+    }
+    let unnamed = name.is_empty()
+        || ports
+            .iter()
+            .any(|q| q.name.as_deref().unwrap_or("").is_empty());
+    if unnamed && !ports.is_empty() {
+        return Some(Some(format!(
+            "{}: a Service with several ports must name each",
+            describe(p)
+        )));
+    }
+    None
+}
+
+/// Takes what fits of another export's spec into the winner's; returns what did not.
+fn absorb(spec: &mut ServiceSpec, theirs: &ServiceSpec) -> Vec<(ConflictKind, String)> {
+    let mut found = Vec::new();
+    let (ours_class, their_class) = (class(spec), class(theirs));
+    if ours_class != their_class {
+        found.push((ConflictKind::Type, format!("{their_class} vs {ours_class}")));
+        return found;
+    }
+    if affinity(spec) != affinity(theirs) {
+        found.push((
+            ConflictKind::SessionAffinity,
+            format!("{:?} vs {:?}", affinity(theirs), affinity(spec)),
+        ));
+    }
+    let ports = spec.ports.get_or_insert_default();
+    for p in theirs.ports.iter().flatten() {
+        match port_conflict(ports, p) {
+            Some(Some(why)) => found.push((ConflictKind::Port, why)),
+            Some(None) => {}
+            None => ports.push(p.clone()),
+        }
+    }
+    if ports.is_empty() {
+        spec.ports = None;
+    }
+    found
+}
+
+/// Keeps the live follower's ports that the merge dropped and that still fit.
+fn keep_ports(spec: &mut ServiceSpec, live: &ServiceSpec) {
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return;
+    }
+    let ports = spec.ports.get_or_insert_default();
+    for p in live.ports.iter().flatten() {
+        if port_conflict(ports, p).is_none() {
+            ports.push(ServicePort {
+                node_port: None,
+                ..p.clone()
+            });
+        }
+    }
+    if ports.is_empty() {
+        spec.ports = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{endpoint, opts, service, slice, web_ports};
+    use super::super::{EndpointsMode, MCS_SOURCE_CLUSTER_LABEL};
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn remote(name: &str, id: Option<&str>) -> Options {
+        let mut o = opts(EndpointsMode::Slices);
+        o.cluster_name = name.to_string();
+        o.cluster_id = id.map(str::to_string);
+        o
+    }
+
+    fn leader(created: &str, spec: Value) -> Service {
+        let mut s = service(spec);
+        s.metadata.creation_timestamp = Some(Time(created.parse().unwrap()));
+        s
+    }
+
+    fn web(created: &str) -> Service {
+        leader(
+            created,
+            json!({"type": "ClusterIP", "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
+        )
+    }
+
+    fn ports_of(m: &Merged) -> Vec<(String, i32)> {
+        let f = m.follower.as_ref().unwrap();
+        let mut out: Vec<(String, i32)> = f
+            .service
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone().unwrap_or_default(), p.port))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn annotation(m: &Merged, suffix: &str) -> String {
+        let f = m.follower.as_ref().unwrap();
+        f.service.metadata.annotations.as_ref().unwrap()
+            [&format!("fair.com/cross-cluster-{suffix}")]
+            .clone()
+    }
+
+    #[test]
+    fn two_remotes_give_one_service_with_both_their_slices() {
+        let (east, north) = (remote("east", Some("id-east")), remote("north", None));
+        let (a, b) = (web("2024-01-01T00:00:00Z"), web("2023-01-01T00:00:00Z"));
+        let sa = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+        let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![&sa],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![&sb],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        assert!(m.conflicts.is_empty() && m.skipped.is_empty());
+        assert_eq!(annotation(&m, "origin-clusters"), "east,north");
+        assert_eq!(
+            annotation(&m, "origin-cluster"),
+            "north",
+            "the oldest leader's"
+        );
+        let f = m.follower.unwrap();
+        assert_eq!(f.slices.len(), 2);
+        let names: BTreeSet<_> = f
+            .slices
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "per-remote slice names never collide");
+        let sources: BTreeSet<String> = f
+            .slices
+            .iter()
+            .map(|s| s.metadata.labels.as_ref().unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone())
+            .collect();
+        assert_eq!(sources, ["id-east".to_string(), "north".to_string()].into());
+    }
+
+    #[test]
+    fn ports_are_the_union_by_name_and_the_oldest_leader_wins_a_conflict() {
+        let (east, north, south) = (
+            remote("east", None),
+            remote("north", None),
+            remote("south", None),
+        );
+        let a = web("2024-01-01T00:00:00Z");
+        let b = leader(
+            "2025-01-01T00:00:00Z",
+            json!({"ports": [
+            {"name": "http", "port": 81}, {"name": "metrics", "port": 9100}]}),
+        );
+        let c = leader(
+            "2025-01-01T00:00:00Z",
+            json!({"ports": [{"name": "http", "port": 80, "protocol": "UDP"}]}),
+        );
+        let exports = [
+            Export {
+                opts: &south,
+                leader: &c,
+                slices: vec![],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![],
+            },
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        assert_eq!(
+            ports_of(&m),
+            [("http".to_string(), 80), ("metrics".to_string(), 9100)]
+        );
+        let lost: Vec<(&str, ConflictKind)> = m
+            .conflicts
+            .iter()
+            .map(|c| (c.cluster.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            lost,
+            [("north", ConflictKind::Port), ("south", ConflictKind::Port)],
+            "same age: cluster name decides, north before south"
+        );
+        assert!(m.conflicts.iter().all(|c| c.winner == "east"));
+    }
+
+    #[test]
+    fn type_and_affinity_conflicts_are_reported_and_endpoints_stay_where_they_fit() {
+        let (east, north) = (remote("east", None), remote("north", None));
+        let a = web("2024-01-01T00:00:00Z");
+        let b = leader(
+            "2025-01-01T00:00:00Z",
+            json!({"clusterIP": "None", "sessionAffinity": "ClientIP",
+            "ports": [{"name": "http", "port": 80}]}),
+        );
+        let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![&sb],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        assert_eq!(m.conflicts.len(), 1);
+        assert_eq!(m.conflicts[0].kind, ConflictKind::Type);
+        let f = m.follower.as_ref().unwrap();
+        assert_eq!(
+            f.service.spec.as_ref().unwrap().cluster_ip,
+            None,
+            "east's ClusterIP wins"
+        );
+        assert_eq!(
+            f.slices.len(),
+            1,
+            "north's endpoints still serve the ClusterIP follower"
+        );
+
+        let c = leader(
+            "2025-01-01T00:00:00Z",
+            json!({"sessionAffinity": "ClientIP",
+            "ports": [{"name": "http", "port": 80}]}),
+        );
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![],
+            },
+            Export {
+                opts: &north,
+                leader: &c,
+                slices: vec![],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        let kinds: Vec<_> = m.conflicts.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, [ConflictKind::SessionAffinity]);
+    }
+
+    #[test]
+    fn an_external_name_winner_takes_no_endpoints() {
+        let (east, north) = (remote("east", None), remote("north", None));
+        let a = leader(
+            "2024-01-01T00:00:00Z",
+            json!({"type": "ExternalName", "externalName": "db.example.com"}),
+        );
+        let b = web("2025-01-01T00:00:00Z");
+        let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![&sb],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        assert_eq!(m.conflicts[0].kind, ConflictKind::Type);
+        assert!(m.follower.unwrap().slices.is_empty());
+    }
+
+    #[test]
+    fn held_remotes_stay_recorded_and_keep_their_ports() {
+        let east = remote("east", None);
+        let a = web("2024-01-01T00:00:00Z");
+        let exports = [Export {
+            opts: &east,
+            leader: &a,
+            slices: vec![],
+        }];
+        let live = leader(
+            "2024-01-01T00:00:00Z",
+            json!({"ports": [
+            {"name": "http", "port": 80}, {"name": "admin", "port": 9000, "nodePort": 30000}]}),
+        );
+        let held: BTreeSet<String> = ["north".to_string()].into();
+        let m = merge(&exports, &held, Some(&live), &opts(EndpointsMode::Slices));
+        assert_eq!(annotation(&m, "origin-clusters"), "east,north");
+        assert_eq!(
+            ports_of(&m),
+            [("admin".to_string(), 9000), ("http".to_string(), 80)]
+        );
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            Some(&live),
+            &opts(EndpointsMode::Slices),
+        );
+        assert_eq!(
+            ports_of(&m),
+            [("http".to_string(), 80)],
+            "nobody held: only what exports ask"
+        );
+    }
+
+    #[test]
+    fn a_skipped_export_is_reported_and_the_others_mirror() {
+        let (east, north) = (remote("east", None), remote("north", None));
+        let a = web("2024-01-01T00:00:00Z");
+        let mut b = web("2023-01-01T00:00:00Z");
+        b.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove("fair.com/cross-cluster");
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        );
+        assert_eq!(m.skipped.len(), 1);
+        assert_eq!(m.skipped[0].0, "north");
+        assert_eq!(annotation(&m, "origin-clusters"), "east");
+    }
+
+    #[test]
+    fn legacy_endpoints_carry_every_export() {
+        let (mut east, mut north) = (remote("east", None), remote("north", None));
+        east.endpoints_mode = EndpointsMode::Endpoints;
+        north.endpoints_mode = EndpointsMode::Endpoints;
+        let (a, b) = (web("2024-01-01T00:00:00Z"), web("2025-01-01T00:00:00Z"));
+        let sa = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+        let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
+        let exports = [
+            Export {
+                opts: &east,
+                leader: &a,
+                slices: vec![&sa],
+            },
+            Export {
+                opts: &north,
+                leader: &b,
+                slices: vec![&sb],
+            },
+        ];
+        let m = merge(
+            &exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Endpoints),
+        );
+        let ep = m.follower.unwrap().endpoints.unwrap();
+        let ips: Vec<String> = ep
+            .subsets
+            .unwrap()
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten().map(|a| a.ip.clone()))
+            .collect();
+        assert_eq!(ips, ["10.0.0.1", "10.1.0.1"]);
+    }
+}

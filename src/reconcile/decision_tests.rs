@@ -1,0 +1,513 @@
+//! Reconcile decisions against a mock API server (see `fixtures`): each test states every
+//! request a pass must send, in order; any other request fails it.
+use super::*;
+use crate::cache::Cache;
+use crate::desired::test_support::{cluster_ip_service, endpoint, slice, web_ports};
+use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::fixtures::{
+    self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status,
+};
+use crate::reconcile::{LocalState, write};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+const SERVICES: &str = "/api/v1/namespaces/shop/services";
+const WEB: &str = "/api/v1/namespaces/shop/services/web";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+
+struct Setup {
+    ctx: Ctx,
+    api: ApiServer,
+    _lease: watch::Sender<Option<std::time::Instant>>,
+}
+
+/// Caches that completed their listings with these objects, and a leading writer.
+fn setup(
+    leaders: Vec<Service>,
+    remote_slices: Vec<EndpointSlice>,
+    local_services: Vec<Service>,
+    local_slices: Vec<EndpointSlice>,
+) -> Setup {
+    let remote = RemoteState::new(fixtures::REMOTE, opts(), vec![]);
+    loaded(&remote.services, leaders);
+    loaded(&remote.slices, remote_slices);
+    loaded(&remote.foreign_slices, []);
+    let local = LocalState::default();
+    loaded(&local.services, local_services);
+    loaded(&local.slices, local_slices);
+    loaded(&local.endpoints, []);
+    let (client, api) = fixtures::client("local");
+    let (tx, leadership) = fixtures::leadership(true);
+    let ctx = fixtures::ctx(client, leadership, vec![Arc::new(remote)], Arc::new(local));
+    Setup {
+        ctx,
+        api,
+        _lease: tx,
+    }
+}
+
+fn key() -> Key {
+    Key {
+        namespace: "shop".into(),
+        name: "web".into(),
+    }
+}
+
+/// The follower the leader `cluster_ip_service()` asks for, as JSON.
+fn desired_follower() -> Value {
+    let f = desired::follower(&cluster_ip_service(), &[], &opts()).unwrap();
+    let mut v = serde_json::to_value(&f.service).unwrap();
+    v["metadata"]["annotations"]["fair.com/cross-cluster-origin-clusters"] =
+        json!(fixtures::REMOTE);
+    v
+}
+
+/// The desired follower as the API server holds it.
+fn live_follower(uid: &str, resource_version: &str) -> Value {
+    let mut v = desired_follower();
+    v["metadata"]["uid"] = json!(uid);
+    v["metadata"]["resourceVersion"] = json!(resource_version);
+    v
+}
+
+/// What the events API returns for a created Event.
+fn event() -> fixtures::Reply {
+    created(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                   "metadata": {"name": "web.1", "namespace": "shop"},
+                   "eventTime": "2025-01-01T00:00:00.000000Z"}))
+}
+
+fn local_slice(name: &str, managed_by: &str, origin: &str) -> EndpointSlice {
+    fixtures::obj(json!({
+        "metadata": {"namespace": "shop", "name": name, "uid": format!("uid-{name}"),
+                     "resourceVersion": "4",
+                     "labels": {"fair.com/cross-cluster": "follower",
+                                "kubernetes.io/service-name": "web",
+                                MANAGED_BY_LABEL: managed_by},
+                     "annotations": {"fair.com/cross-cluster-origin-cluster": origin}},
+        "addressType": "IPv4", "endpoints": [],
+    }))
+}
+
+#[tokio::test]
+async fn a_409_on_create_of_a_service_that_is_not_a_follower_leads_to_no_further_write() {
+    let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let sent = s
+            .api
+            .expect(post(SERVICES), status(409, "AlreadyExists"))
+            .await;
+        assert_eq!(
+            sent.body["metadata"]["labels"]["fair.com/cross-cluster"],
+            "follower"
+        );
+        // not in our cache: look before touching
+        let theirs = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "shop", "name": "web", "uid": "uid-theirs",
+                         "resourceVersion": "3", "labels": {"app": "theirs"}},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}});
+        s.api.expect(get(WEB), ok(theirs)).await;
+        // reported on their object; no PUT, no DELETE
+        let ev = s.api.expect(post(EVENTS), event()).await;
+        assert_eq!(ev.body["reason"], "NotOurFollower");
+        assert_eq!(ev.body["regarding"]["uid"], "uid-theirs");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
+}
+
+/// A live follower whose origin is another remote, remote-b.
+fn follower_of_remote_b() -> serde_json::Value {
+    let mut theirs = live_follower("uid-b", "5");
+    theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-cluster"] = json!("remote-b");
+    theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-clusters"] = json!("remote-b");
+    theirs
+}
+
+#[tokio::test]
+async fn a_local_follower_of_another_remote_is_never_written() {
+    let mut theirs = follower_of_remote_b();
+    theirs["spec"]["ports"][0]["port"] = json!(81);
+    let s = setup(
+        vec![cluster_ip_service()],
+        vec![],
+        vec![fixtures::obj(theirs)],
+        vec![],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let ev = s.api.expect(post(EVENTS), event()).await;
+        assert_eq!(ev.body["reason"], "NotOurFollower");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
+}
+
+#[tokio::test]
+async fn when_the_leader_is_gone_only_what_is_ours_is_deleted() {
+    let s = setup(
+        vec![],
+        vec![],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![
+            local_slice("web-abc", MANAGED_BY, fixtures::REMOTE),
+            // mirrored from an Endpoints object by kube-controller-manager: not ours
+            local_slice(
+                "web-mirrored",
+                "endpointslicemirroring-controller.k8s.io",
+                fixtures::REMOTE,
+            ),
+        ],
+    );
+    let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                      "code": 200, "metadata": {}});
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let sent = s
+            .api
+            .expect(delete(&format!("{SLICES}/web-abc")), ok(gone.clone()))
+            .await;
+        assert_eq!(sent.body["preconditions"]["uid"], "uid-web-abc");
+        let sent = s.api.expect(delete(WEB), ok(gone.clone())).await;
+        assert_eq!(sent.body["preconditions"]["uid"], "uid-web");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Deleted);
+}
+
+#[tokio::test]
+async fn a_follower_of_another_remote_is_not_deleted_when_our_leader_is_gone() {
+    let theirs = follower_of_remote_b();
+    let s = setup(
+        vec![],
+        vec![],
+        vec![fixtures::obj(theirs)],
+        vec![local_slice("web-b", MANAGED_BY, "remote-b")],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Unchanged);
+}
+
+#[tokio::test]
+async fn nothing_is_decided_before_every_cache_has_listed() {
+    let s = setup(
+        vec![],
+        vec![],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![],
+    );
+    // the local Endpoints watch restarted and has not completed a listing yet
+    *write(&s.ctx.local.endpoints) = Cache::new(crate::cache::by_name::<Endpoints>);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::NotReady,
+        "an absent leader is not a gone leader until every cache has listed"
+    );
+}
+
+#[tokio::test]
+async fn a_409_on_create_of_our_own_follower_updates_the_version_read() {
+    let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+    let mut stale = live_follower("uid-web", "7");
+    stale["spec"]["ports"][0]["port"] = json!(81);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api
+            .expect(post(SERVICES), status(409, "AlreadyExists"))
+            .await;
+        s.api.expect(get(WEB), ok(stale)).await;
+        let sent = s
+            .api
+            .expect(put(WEB), ok(live_follower("uid-web", "8")))
+            .await;
+        assert_eq!(sent.body["metadata"]["resourceVersion"], "7");
+        assert_eq!(sent.body["metadata"]["uid"], "uid-web");
+        assert_eq!(sent.body["spec"]["ports"][0]["port"], 80);
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    let cached = read(&s.ctx.local.services).named(&key().group()).unwrap();
+    assert_eq!(
+        cached
+            .and_then(|c| c.metadata.resource_version.clone())
+            .as_deref(),
+        Some("8"),
+        "what the server returned is cached at once (write-through)"
+    );
+}
+
+#[tokio::test]
+async fn a_new_leader_gets_its_service_then_slices_owned_by_the_uid_created() {
+    let remote_slice = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+    let s = setup(
+        vec![cluster_ip_service()],
+        vec![remote_slice],
+        vec![],
+        vec![],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api
+            .expect(post(SERVICES), created(live_follower("new-uid", "1")))
+            .await;
+        let sent = s
+            .api
+            .expect(
+                post(SLICES),
+                created(json!({"metadata": {"namespace": "shop", "name": "web-x",
+                                "uid": "uid-slice", "resourceVersion": "2"},
+                               "addressType": "IPv4", "endpoints": []})),
+            )
+            .await;
+        assert_eq!(
+            sent.body["metadata"]["ownerReferences"][0]["uid"],
+            "new-uid"
+        );
+        assert_eq!(
+            sent.body["metadata"]["labels"][MANAGED_BY_LABEL],
+            MANAGED_BY
+        );
+        assert_eq!(sent.body["endpoints"][0]["addresses"][0], "10.0.0.1");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+}
+
+#[tokio::test]
+async fn a_converged_follower_costs_no_request() {
+    let s = setup(
+        vec![cluster_ip_service()],
+        vec![],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Unchanged);
+}
+
+#[tokio::test]
+async fn a_missing_namespace_is_reported_not_created_unless_asked() {
+    let s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(post(SERVICES), status(404, "NotFound")).await;
+        // no local object to attach it to: the Event goes to the fallback reference
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "NamespaceMissing");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+}
+
+/// Remotes remote-a and remote-b, each `Some(leaders)` (caches listed) or `None` (not listed
+/// yet), and the local followers.
+fn setup_two(
+    a: Option<Vec<Service>>,
+    b: Option<Vec<Service>>,
+    remote_slices: Vec<EndpointSlice>,
+    local_services: Vec<Service>,
+    local_slices: Vec<EndpointSlice>,
+) -> Setup {
+    let remote = |name: &str, leaders: Option<Vec<Service>>, slices: Vec<EndpointSlice>| {
+        let mut o = opts();
+        o.cluster_name = name.to_string();
+        let r = RemoteState::new(name, o, vec![]);
+        if let Some(leaders) = leaders {
+            loaded(&r.services, leaders);
+            loaded(&r.slices, slices);
+            loaded(&r.foreign_slices, []);
+        }
+        Arc::new(r)
+    };
+    let local = LocalState::default();
+    loaded(&local.services, local_services);
+    loaded(&local.slices, local_slices);
+    loaded(&local.endpoints, []);
+    let (client, api) = fixtures::client("local");
+    let (tx, leadership) = fixtures::leadership(true);
+    let remotes = vec![
+        remote("remote-a", a, remote_slices),
+        remote("remote-b", b, vec![]),
+    ];
+    let ctx = fixtures::ctx(client, leadership, remotes, Arc::new(local));
+    Setup {
+        ctx,
+        api,
+        _lease: tx,
+    }
+}
+
+/// The live follower of remote-a and remote-b.
+fn merged_follower() -> Service {
+    let mut v = live_follower("uid-web", "5");
+    v["metadata"]["annotations"]["fair.com/cross-cluster-origin-clusters"] =
+        json!("remote-a,remote-b");
+    fixtures::obj(v)
+}
+
+fn gone() -> fixtures::Reply {
+    ok(
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success",
+              "code": 200, "metadata": {}}),
+    )
+}
+
+#[tokio::test]
+async fn two_remotes_exporting_one_service_make_one_follower_with_a_slice_each() {
+    let mut older = cluster_ip_service();
+    older.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2020-01-01T00:00:00Z".parse().unwrap(),
+    ));
+    let s = setup_two(
+        Some(vec![cluster_ip_service()]),
+        Some(vec![older]),
+        vec![slice(
+            "web-abc",
+            "IPv4",
+            web_ports(),
+            vec![endpoint("10.0.0.1")],
+        )],
+        vec![],
+        vec![],
+    );
+    // remote-b has no endpoints: one slice, remote-a's
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let sent = s
+            .api
+            .expect(post(SERVICES), created(live_follower("new-uid", "1")))
+            .await;
+        let ann = &sent.body["metadata"]["annotations"];
+        assert_eq!(
+            ann["fair.com/cross-cluster-origin-clusters"],
+            "remote-a,remote-b"
+        );
+        assert_eq!(
+            ann["fair.com/cross-cluster-origin-cluster"], "remote-b",
+            "the oldest leader's"
+        );
+        let sent = s
+            .api
+            .expect(
+                post(SLICES),
+                created(json!({"metadata": {"namespace": "shop", "name": "web-x",
+                                "uid": "uid-slice", "resourceVersion": "2"},
+                               "addressType": "IPv4", "endpoints": []})),
+            )
+            .await;
+        let labels = &sent.body["metadata"]["labels"];
+        assert_eq!(labels["fair.com/cross-cluster-origin-cluster"], "remote-a");
+        assert_eq!(
+            labels["multicluster.kubernetes.io/source-cluster"],
+            "remote-a"
+        );
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+}
+
+#[tokio::test]
+async fn a_remote_that_proves_its_leader_gone_takes_only_its_own_slices() {
+    let s = setup_two(
+        Some(vec![cluster_ip_service()]),
+        Some(vec![]),
+        vec![],
+        vec![merged_follower()],
+        vec![local_slice("web-b", MANAGED_BY, "remote-b")],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let sent = s
+            .api
+            .expect(put(WEB), ok(live_follower("uid-web", "6")))
+            .await;
+        assert_eq!(
+            sent.body["metadata"]["annotations"]["fair.com/cross-cluster-origin-clusters"],
+            "remote-a",
+            "remote-b is no longer recorded"
+        );
+        let sent = s
+            .api
+            .expect(delete(&format!("{SLICES}/web-b")), gone())
+            .await;
+        assert_eq!(sent.body["preconditions"]["uid"], "uid-web-b");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+}
+
+#[tokio::test]
+async fn a_remote_not_listed_yet_keeps_its_slices_and_the_service() {
+    let s = setup_two(
+        Some(vec![]),
+        None,
+        vec![],
+        vec![merged_follower()],
+        vec![
+            local_slice("web-a", MANAGED_BY, "remote-a"),
+            local_slice("web-b", MANAGED_BY, "remote-b"),
+        ],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        // remote-a proved its leader gone: its slice goes; nothing of remote-b's, no Service
+        s.api
+            .expect(delete(&format!("{SLICES}/web-a")), gone())
+            .await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Deleted);
+}
+
+#[tokio::test]
+async fn a_follower_recording_a_remote_this_daemon_does_not_read_is_held() {
+    let mut theirs = live_follower("uid-web", "5");
+    theirs["metadata"]["annotations"]["fair.com/cross-cluster-origin-clusters"] =
+        json!("remote-a,remote-z");
+    let s = setup(
+        vec![],
+        vec![],
+        vec![fixtures::obj(theirs)],
+        vec![local_slice("web-z", MANAGED_BY, "remote-z")],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Unchanged, "remote-z proved nothing");
+}
+
+#[tokio::test]
+async fn a_retired_remote_counts_as_proof() {
+    let s = setup(
+        vec![],
+        vec![],
+        vec![merged_follower()],
+        vec![local_slice("web-b", MANAGED_BY, "remote-b")],
+    );
+    s.ctx.remotes.retire("remote-b");
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api
+            .expect(delete(&format!("{SLICES}/web-b")), gone())
+            .await;
+        let sent = s.api.expect(delete(WEB), gone()).await;
+        assert_eq!(sent.body["preconditions"]["uid"], "uid-web");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Deleted);
+}

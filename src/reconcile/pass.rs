@@ -1,0 +1,633 @@
+//! One reconcile pass for one local key (namespace/name): read every remote's cache for it,
+//! merge the exports into one desired follower (pure), and bring the local cluster to it through
+//! the writer, touching only objects we own.
+//!
+//! Each remote is, for this key, one of: exporting it (its caches have the leader), proven
+//! without it (its caches completed a listing that lacks it, or it was deliberately removed), or
+//! unknown (not listed yet, or a remote the follower records that this daemon does not read).
+//! A remote's slices go only on proof from that remote; the Service only once every remote it
+//! records has proven the leader absent.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use super::{Ctx, Key, NAMESPACE_MISSING, Outcome, RemoteState, read};
+use crate::desired::{
+    self, Export, Follower, Merged, Recorded, ServiceChange, endpoints_change, recorded,
+    service_change, set_slice_owner, slice_change, slice_recorded,
+};
+use crate::error::{Error, Result};
+use crate::metrics::labels;
+use crate::writer::Written;
+
+/// One remote's knowledge of a key.
+enum View {
+    Exports {
+        leader: Arc<Service>,
+        slices: Vec<Arc<EndpointSlice>>,
+    },
+    Absent,
+    Unknown,
+}
+
+/// A snapshot of everything one key needs, taken under short read locks.
+struct Snapshot {
+    remotes: Vec<(Arc<RemoteState>, View)>,
+    service: Option<Arc<Service>>,
+    slices: Vec<Arc<EndpointSlice>>,
+    endpoints: Option<Arc<Endpoints>>,
+}
+
+/// Which remotes a pass may act for.
+struct Scope {
+    /// members of the registry and remotes removed on purpose: a follower recording one of
+    /// them is ours
+    known: BTreeSet<String>,
+    /// remotes whose objects are left exactly as they are: not listed yet, not read by this
+    /// daemon, or whose leader cannot be mirrored
+    keep: BTreeSet<String>,
+}
+
+impl Scope {
+    fn owns(&self, r: &Recorded) -> bool {
+        match r {
+            Recorded::NotOurs => false,
+            Recorded::GoEra => true,
+            Recorded::From(set) => set.iter().any(|c| self.known.contains(c)),
+        }
+    }
+
+    /// A slice we may update or delete: ours, and not of a remote whose objects are kept.
+    fn may_change_slice(&self, s: &EndpointSlice, ctx: &Ctx) -> bool {
+        match slice_recorded(&s.metadata, &ctx.opts) {
+            Recorded::NotOurs => false,
+            Recorded::GoEra => true,
+            Recorded::From(set) => {
+                set.iter().any(|c| self.known.contains(c))
+                    && !set.iter().any(|c| self.keep.contains(c))
+            }
+        }
+    }
+}
+
+impl Ctx {
+    /// A cached object that cannot be read back fails the pass (retried, nothing deleted): an
+    /// unreadable leader must never look like a missing one.
+    fn snapshot(&self, g: &crate::cache::GroupKey) -> Result<Snapshot> {
+        let mut remotes = Vec::new();
+        for state in self.remotes.states() {
+            let view = if !state.ready() {
+                View::Unknown
+            } else {
+                match read(&state.services).named(g)? {
+                    Some(leader) => View::Exports {
+                        leader,
+                        slices: state.slices_of(g)?,
+                    },
+                    None => View::Absent,
+                }
+            };
+            remotes.push((state, view));
+        }
+        Ok(Snapshot {
+            remotes,
+            service: read(&self.local.services).named(g)?,
+            slices: read(&self.local.slices).group(g)?,
+            endpoints: read(&self.local.endpoints).named(g)?,
+        })
+    }
+
+    fn scope(&self, snap: &Snapshot, recorded_service: &Recorded) -> Scope {
+        let retired = self.remotes.retired();
+        let mut known: BTreeSet<String> = retired.clone();
+        let mut keep = BTreeSet::new();
+        for (state, view) in &snap.remotes {
+            known.insert(state.name.to_string());
+            if matches!(view, View::Unknown) {
+                keep.insert(state.name.to_string());
+            }
+        }
+        // what the follower and its slices record but this daemon does not read (nor removed)
+        let mut recorded_names: Vec<String> = match recorded_service {
+            Recorded::From(set) => set.iter().cloned().collect(),
+            _ => Vec::new(),
+        };
+        for s in &snap.slices {
+            if let Recorded::From(set) = slice_recorded(&s.metadata, &self.opts) {
+                recorded_names.extend(set);
+            }
+        }
+        for name in recorded_names {
+            if !known.contains(&name) {
+                keep.insert(name);
+            }
+        }
+        Scope { known, keep }
+    }
+}
+
+fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
+    o.meta()
+        .uid
+        .clone()
+        .ok_or_else(|| Error::Config(format!("{} {} has no uid", K::kind(&()), o.name_any())))
+}
+
+fn service_ref(key: &Key) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
+        ..Default::default()
+    }
+}
+
+pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
+    // a cache that has not completed a listing proves nothing: no decision on it
+    if !ctx.local.ready() {
+        return Ok(Outcome::NotReady);
+    }
+    if !ctx.in_scope(&key.namespace) {
+        return Ok(Outcome::Unchanged);
+    }
+    let snap = ctx.snapshot(&key.group())?;
+    let recorded_service = snap
+        .service
+        .as_ref()
+        .map_or(Recorded::GoEra, |s| recorded(&s.metadata, &ctx.opts));
+    let mut scope = ctx.scope(&snap, &recorded_service);
+    let exports: Vec<Export<'_>> = snap
+        .remotes
+        .iter()
+        .filter_map(|(state, view)| match view {
+            View::Exports { leader, slices } => Some(Export {
+                opts: &state.opts,
+                leader,
+                slices: slices.iter().map(Arc::as_ref).collect(),
+            }),
+            _ => None,
+        })
+        .collect();
+    let held: BTreeSet<String> = match &recorded_service {
+        Recorded::From(set) => set.intersection(&scope.keep).cloned().collect(),
+        _ => BTreeSet::new(),
+    };
+    let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
+    let on = snap.service.as_ref().map(|s| s.object_ref(&()));
+    for (cluster, skip) in std::mem::take(&mut merged.skipped) {
+        ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
+            .await;
+        scope.keep.insert(cluster.clone());
+        if recorded_service.names(&cluster) {
+            // a recorded remote whose leader cannot be mirrored now stays recorded
+            merged.contributors.insert(cluster);
+        }
+    }
+    let outcome = if snap.service.is_some() && !scope.owns(&recorded_service) {
+        match &merged.follower {
+            Some(f) => {
+                let winner = origin_of(&f.service, ctx);
+                let theirs = on.unwrap_or_else(|| service_ref(key));
+                ctx.conflict(key, &winner, "Service", theirs).await
+            }
+            None => Outcome::Unchanged,
+        }
+    } else {
+        ctx.note_conflicts(key, &merged).await;
+        match merged.follower.take() {
+            Some(mut f) => {
+                record_contributors(&mut f, &merged.contributors, ctx);
+                apply_follower(ctx, key, &snap, &scope, !held.is_empty(), f).await?
+            }
+            None => remove(ctx, key, &snap, &scope, &recorded_service).await?,
+        }
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&labels([("outcome", outcome.label())]))
+        .inc();
+    Ok(outcome)
+}
+
+/// The remote a follower's Service-level fields come from (its oldest leader).
+fn origin_of(svc: &Service, ctx: &Ctx) -> String {
+    svc.annotations()
+        .get(&ctx.opts.origin_cluster_annotation())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Writes the contributors list (after skips were added) onto the follower Service and
+/// Endpoints.
+fn record_contributors(f: &mut Follower, contributors: &BTreeSet<String>, ctx: &Ctx) {
+    let list = contributors.iter().cloned().collect::<Vec<_>>().join(",");
+    let key = ctx.opts.origin_clusters_annotation();
+    f.service
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(key.clone(), list.clone());
+    if let Some(ep) = f.endpoints.as_mut() {
+        ep.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(key, list);
+    }
+}
+
+/// No remote exports the key now. Each remote's slices go on its own proof; the Service, its
+/// Endpoints and what is left go once no remote the Service records is unknown.
+async fn remove(
+    ctx: &Ctx,
+    key: &Key,
+    snap: &Snapshot,
+    scope: &Scope,
+    recorded_service: &Recorded,
+) -> Result<Outcome> {
+    let ns = &key.namespace;
+    let mut deleted = false;
+    for s in snap
+        .slices
+        .iter()
+        .filter(|s| scope.may_change_slice(s, ctx))
+    {
+        ctx.writer
+            .delete::<EndpointSlice>(ns, &s.name_any(), &uid_of(s.as_ref())?, "leader gone")
+            .await?;
+        deleted = true;
+    }
+    // a follower the Go controller left names no remote: any unlisted remote may export it
+    let undecided = match recorded_service {
+        Recorded::From(set) => set.iter().any(|c| scope.keep.contains(c)),
+        _ => !scope.keep.is_empty(),
+    };
+    if !undecided {
+        if let Some(ep) = snap
+            .endpoints
+            .as_ref()
+            .filter(|e| scope.owns(&recorded(&e.metadata, &ctx.opts)))
+        {
+            ctx.writer
+                .delete::<Endpoints>(ns, &ep.name_any(), &uid_of(ep.as_ref())?, "leader gone")
+                .await?;
+            deleted = true;
+        }
+        if let Some(svc) = snap
+            .service
+            .as_ref()
+            .filter(|_| scope.owns(recorded_service))
+        {
+            ctx.writer
+                .delete::<Service>(ns, &svc.name_any(), &uid_of(svc.as_ref())?, "leader gone")
+                .await?;
+            deleted = true;
+            ctx.forget_conflicts(key);
+        }
+    }
+    Ok(if deleted {
+        Outcome::Deleted
+    } else {
+        Outcome::Unchanged
+    })
+}
+
+enum ServiceState {
+    /// the follower exists (or was just written) with this uid
+    Ready {
+        uid: String,
+        changed: bool,
+    },
+    Done(Outcome),
+}
+
+async fn ensure_service(
+    ctx: &Ctx,
+    key: &Key,
+    scope: &Scope,
+    actual: Option<Service>,
+    desired: &Service,
+) -> Result<ServiceState> {
+    let mut actual = actual;
+    // at most: create -> AlreadyExists -> read it -> update it
+    for _ in 0..3 {
+        let Some(live) = actual.take() else {
+            match ctx.create(desired).await {
+                Ok(Written::Done(s)) => {
+                    return Ok(ServiceState::Ready {
+                        uid: uid_of(&s)?,
+                        changed: true,
+                    });
+                }
+                Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+                Err(e) if e.api_code() == Some(409) => {
+                    // exists but not in our cache: it may well not be ours, so look before touching
+                    let api: Api<Service> =
+                        Api::namespaced(ctx.writer.client().clone(), &key.namespace);
+                    actual = api.get_opt(&key.name).await?;
+                    continue;
+                }
+                Err(e) if e.api_code() == Some(404) => {
+                    return namespace_missing(ctx, key, &origin_of(desired, ctx)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let r = recorded(&live.metadata, &ctx.opts);
+        if !scope.owns(&r) {
+            let winner = origin_of(desired, ctx);
+            return Ok(ServiceState::Done(
+                ctx.conflict(key, &winner, "Service", live.object_ref(&()))
+                    .await,
+            ));
+        }
+        if r == Recorded::GoEra {
+            info!(key = %key, "adopting a follower left by the Go controller");
+        }
+        match service_change(&live, desired) {
+            ServiceChange::Unchanged => {
+                return Ok(ServiceState::Ready {
+                    uid: uid_of(&live)?,
+                    changed: false,
+                });
+            }
+            ServiceChange::Update(s) => {
+                return match ctx.replace(s.as_ref()).await? {
+                    Written::Done(s) => Ok(ServiceState::Ready {
+                        uid: uid_of(&s)?,
+                        changed: true,
+                    }),
+                    Written::Skipped => Ok(ServiceState::Done(Outcome::Applied)),
+                };
+            }
+            ServiceChange::Recreate => {
+                ctx.writer
+                    .delete::<Service>(
+                        &key.namespace,
+                        &key.name,
+                        &uid_of(&live)?,
+                        "cannot change in place",
+                    )
+                    .await?;
+                actual = None;
+            }
+        }
+    }
+    Err(Error::Config(format!(
+        "{key}: the follower Service kept changing under us"
+    )))
+}
+
+async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<ServiceState> {
+    if ctx.create_namespaces {
+        let api: Api<Namespace> = Api::all(ctx.writer.client().clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(key.namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => info!(namespace = %key.namespace, "created missing namespace"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        // retried by the caller's back-off, now that the namespace exists
+        return Err(Error::Config(format!(
+            "namespace {} was just created",
+            key.namespace
+        )));
+    }
+    let why = format!(
+        "local namespace {:?} does not exist; mirrored as soon as it does",
+        key.namespace
+    );
+    Ok(ServiceState::Done(
+        ctx.skip(key, remote, NAMESPACE_MISSING, why, None).await,
+    ))
+}
+
+async fn apply_follower(
+    ctx: &Ctx,
+    key: &Key,
+    snap: &Snapshot,
+    scope: &Scope,
+    held: bool,
+    mut f: Follower,
+) -> Result<Outcome> {
+    let actual = snap.service.as_deref().cloned();
+    let (uid, mut changed) = match ensure_service(ctx, key, scope, actual, &f.service).await? {
+        ServiceState::Ready { uid, changed } => (uid, changed),
+        ServiceState::Done(outcome) => return Ok(outcome),
+    };
+    set_slice_owner(&mut f.slices, &key.name, &uid);
+    match apply_slices(ctx, key, snap, scope, &f.slices).await? {
+        Some(c) => changed |= c,
+        None => return Ok(Outcome::Conflict),
+    }
+    // legacy Endpoints: one object for every remote; while a recorded remote is unknown it may
+    // hold that remote's addresses, so it is left as it is
+    let have_ep = snap
+        .endpoints
+        .as_deref()
+        .filter(|e| scope.owns(&recorded(&e.metadata, &ctx.opts)));
+    if !(held && have_ep.is_some()) {
+        match apply_endpoints(ctx, key, scope, f.endpoints.as_ref(), have_ep).await? {
+            Some(c) => changed |= c,
+            None => return Ok(Outcome::Conflict),
+        }
+    }
+    Ok(if changed {
+        Outcome::Applied
+    } else {
+        Outcome::Unchanged
+    })
+}
+
+/// EndpointSlices: ours by name; others (e.g. mirrored by kube-controller-manager, or of a
+/// remote whose objects are kept) untouched. None: a conflict stopped the pass.
+async fn apply_slices(
+    ctx: &Ctx,
+    key: &Key,
+    snap: &Snapshot,
+    scope: &Scope,
+    want: &[EndpointSlice],
+) -> Result<Option<bool>> {
+    let ns = &key.namespace;
+    let mut changed = false;
+    let mut ours: BTreeMap<String, Arc<EndpointSlice>> = snap
+        .slices
+        .iter()
+        .filter(|s| scope.may_change_slice(s, ctx))
+        .map(|s| (s.name_any(), Arc::clone(s)))
+        .collect();
+    for want in want {
+        match ours.remove(&want.name_any()) {
+            Some(have) => {
+                if let Some(update) = slice_change(&have, want) {
+                    ctx.replace(&update).await?;
+                    changed = true;
+                }
+            }
+            None => match ctx.create(want).await {
+                Ok(_) => changed = true,
+                Err(e) if e.api_code() == Some(409) => {
+                    // our cache has not seen it yet (our own earlier write, usually): compare live
+                    let api: Api<EndpointSlice> = Api::namespaced(ctx.writer.client().clone(), ns);
+                    let Some(live) = api.get_opt(&want.name_any()).await? else {
+                        return Err(e);
+                    };
+                    if slice_recorded(&live.metadata, &ctx.opts) == Recorded::NotOurs {
+                        let winner = origin_of_slice(want, ctx);
+                        ctx.conflict(key, &winner, "EndpointSlice", live.object_ref(&()))
+                            .await;
+                        return Ok(None);
+                    }
+                    if let Some(update) = slice_change(&live, want) {
+                        ctx.replace(&update).await?;
+                        changed = true;
+                    }
+                }
+                Err(e) => return Err(e),
+            },
+        }
+    }
+    for (name, stale) in ours {
+        ctx.writer
+            .delete::<EndpointSlice>(ns, &name, &uid_of(stale.as_ref())?, "no longer desired")
+            .await?;
+        changed = true;
+    }
+    Ok(Some(changed))
+}
+
+fn origin_of_slice(s: &EndpointSlice, ctx: &Ctx) -> String {
+    s.annotations()
+        .get(&ctx.opts.origin_cluster_annotation())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The legacy core/v1 Endpoints. None: a conflict stopped the pass.
+async fn apply_endpoints(
+    ctx: &Ctx,
+    key: &Key,
+    scope: &Scope,
+    want: Option<&Endpoints>,
+    have: Option<&Endpoints>,
+) -> Result<Option<bool>> {
+    let ns = &key.namespace;
+    match (want, have) {
+        (Some(want), Some(have)) => {
+            if let Some(update) = endpoints_change(have, want) {
+                ctx.replace(&update).await?;
+                return Ok(Some(true));
+            }
+            Ok(Some(false))
+        }
+        (Some(want), None) => match ctx.create(want).await {
+            Ok(_) => Ok(Some(true)),
+            Err(e) if e.api_code() == Some(409) => {
+                let api: Api<Endpoints> = Api::namespaced(ctx.writer.client().clone(), ns);
+                let Some(live) = api.get_opt(&key.name).await? else {
+                    return Err(e);
+                };
+                if !scope.owns(&recorded(&live.metadata, &ctx.opts)) {
+                    let winner = origin_of_endpoints(want, ctx);
+                    ctx.conflict(key, &winner, "Endpoints", live.object_ref(&()))
+                        .await;
+                    return Ok(None);
+                }
+                if let Some(update) = endpoints_change(&live, want) {
+                    ctx.replace(&update).await?;
+                    return Ok(Some(true));
+                }
+                Ok(Some(false))
+            }
+            Err(e) => Err(e),
+        },
+        (None, Some(have)) => {
+            ctx.writer
+                .delete::<Endpoints>(ns, &key.name, &uid_of(have)?, "not desired in this mode")
+                .await?;
+            Ok(Some(true))
+        }
+        (None, None) => Ok(Some(false)),
+    }
+}
+
+fn origin_of_endpoints(e: &Endpoints, ctx: &Ctx) -> String {
+    e.annotations()
+        .get(&ctx.opts.origin_cluster_annotation())
+        .cloned()
+        .unwrap_or_default()
+}
+
+impl Ctx {
+    /// Records the export conflicts of a key (for the gauge) and reports them: a log line when
+    /// they change, and a `ServiceConflict` Event on the follower (rate-limited).
+    async fn note_conflicts(&self, key: &Key, merged: &Merged) {
+        let now: Vec<(String, &'static str)> = merged
+            .conflicts
+            .iter()
+            .map(|c| (c.cluster.clone(), c.kind.label()))
+            .collect();
+        let before = {
+            let mut map = self
+                .export_conflicts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if now.is_empty() {
+                map.remove(&key.group())
+            } else {
+                map.insert(key.group(), now.clone())
+            }
+        };
+        if merged.conflicts.is_empty() {
+            return;
+        }
+        let note = merged
+            .conflicts
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}'s export conflicts with {}'s on {} ({}); the oldest leader wins",
+                    c.cluster,
+                    c.winner,
+                    c.kind.label(),
+                    c.detail
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        if before.as_ref() != Some(&now) {
+            warn!(key = %key, "export conflict: {note}");
+        }
+        self.event(
+            EventType::Warning,
+            "ServiceConflict",
+            note,
+            "Merge",
+            Some(service_ref(key)),
+        )
+        .await;
+    }
+
+    fn forget_conflicts(&self, key: &Key) {
+        self.export_conflicts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key.group());
+    }
+}
+
+#[cfg(test)]
+#[path = "decision_tests.rs"]
+mod decision_tests;
