@@ -421,7 +421,7 @@ impl Source {
                 let at = Instant::now() + self.grace();
                 info!(
                     remote = %m.name(), secret = %self.source(secret), grace_s = self.grace().as_secs(),
-                    "remote Secret deleted: the remote leaves, and its followers are deleted, once the grace has passed"
+                    "remote Secret deleted: once the grace has passed the remote leaves, what only it exported is deleted, and merged followers lose its slices"
                 );
                 self.leaving.insert(m.name().to_string(), at);
             }

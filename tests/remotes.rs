@@ -16,11 +16,13 @@ use serde_json::json;
 use support::daemon::{Daemon, args_for};
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::{
-    LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, obj, ports_are, present,
+    LOCAL, REMOTE, absent, bed, bed_cmd, client, eventually, namespace_in, obj, ports_are, present,
 };
 
 /// A third cluster of the bed, a remote of its own for these tests.
 const SOUTH: &str = "south";
+/// A fourth, whose API server one test stops (a cluster of its own, so no other test sees it).
+const LAPSE: &str = "lapse";
 const WAIT: Duration = Duration::from_secs(60);
 const KEY: &str = "fair.com/cross-cluster";
 
@@ -812,6 +814,139 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
             ),
         },
         &Lost::since(&before, &after, &names(&["both", "clash"])),
+        &before.non_followers_touched(&after),
+    );
+}
+
+#[tokio::test]
+async fn a_remote_that_goes_down_deletes_nothing_while_the_others_keep_converging() {
+    support::extra_cluster(LAPSE, "").await;
+    let ns = namespace_in("remotes-down", &[REMOTE, LOCAL, LAPSE]).await;
+    let pp = PostParams::default();
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let lapse: Api<Service> = Api::namespaced(client(LAPSE).await, &ns.name);
+    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let lapse_sl: Api<EndpointSlice> = Api::namespaced(client(LAPSE).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let west_sl: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    east.create(&pp, &leader("both", 80)).await.unwrap();
+    east_sl
+        .create(&pp, &remote_slice("both", "both-e", "10.1.0.1"))
+        .await
+        .unwrap();
+    lapse.create(&pp, &leader("both", 80)).await.unwrap();
+    lapse_sl
+        .create(&pp, &remote_slice("both", "both-l", "10.3.0.1"))
+        .await
+        .unwrap();
+    lapse.create(&pp, &leader("only-lapse", 80)).await.unwrap();
+    decoy(&west).await;
+    let d = daemon(&ns.name).await;
+    for (name, context) in [("east", REMOTE), ("lapse", LAPSE)] {
+        let kc = kubeconfig_of(context, |_| {}).await;
+        apply_secret(&secrets, &remote_secret(name, None, Some(&kc))).await;
+    }
+    let both_sources = vec![
+        ("east".to_string(), "10.1.0.1".to_string()),
+        ("lapse".to_string(), "10.3.0.1".to_string()),
+    ];
+    eventually("both remotes mirrored", WAIT, || async {
+        present(&west, "only-lapse").await?;
+        let got = sources(&west_sl, "both").await?;
+        (got == both_sources)
+            .then_some(())
+            .ok_or(format!("{got:?}"))
+    })
+    .await;
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+    let aborted = ["remote=\"lapse\"", "outcome=\"aborted\""];
+    let aborted_before = d.metric("xcc_sweeps_total", &aborted);
+    let east_done = ["remote=\"east\"", "outcome=\"done\""];
+
+    // lapse's API server dies; east keeps flowing
+    tokio::task::spawn_blocking(|| bed_cmd(&["kill", LAPSE, "apiserver"]))
+        .await
+        .unwrap();
+    let down = Instant::now();
+    eventually("/readyz names lapse, and only lapse", WAIT, || async {
+        let (code, body) = d.readyz()?;
+        (code == 503
+            && body.contains("remote lapse: not ready")
+            && body.contains("remote east: synced"))
+        .then_some(())
+        .ok_or(format!("{code} {body}"))
+    })
+    .await;
+    east.create(&pp, &leader("fresh", 80)).await.unwrap();
+    east.patch(
+        "both",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 80}, {"name": "admin", "port": 9000}]}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "east's new leader mirrored while lapse is down",
+        WAIT,
+        || present(&west, "fresh"),
+    )
+    .await;
+    let converged = down.elapsed();
+    eventually(
+        "east's port change on the merged follower",
+        WAIT,
+        || async {
+            let b = present(&west, "both").await?;
+            let ports = port_names(&b);
+            ports
+                .iter()
+                .any(|(n, p)| n == "admin" && *p == 9000)
+                .then_some(())
+                .ok_or(format!("{ports:?}"))
+        },
+    )
+    .await;
+    // sweeps go on for east; lapse's abort and delete nothing
+    let done_now = d.metric("xcc_sweeps_total", &east_done);
+    d.wait_metric("xcc_sweeps_total", &aborted, aborted_before + 2.0)
+        .await;
+    d.wait_metric("xcc_sweeps_total", &east_done, done_now + 2.0)
+        .await;
+    present(&west, "only-lapse")
+        .await
+        .expect("lapse's own follower kept");
+    assert_eq!(
+        sources(&west_sl, "both").await.unwrap(),
+        both_sources,
+        "lapse's slice of the merged follower kept"
+    );
+    assert!(
+        d.logs()
+            .contains("sweep: listing failed; this remote deletes nothing this time"),
+        "{}",
+        d.logs()
+    );
+    let after = snapshot(&lc, &[&ns.name]).await;
+
+    tokio::task::spawn_blocking(|| bed_cmd(&["start", LAPSE]))
+        .await
+        .unwrap();
+    eventually("/readyz 200 once lapse is back", WAIT, || async {
+        let (code, body) = d.readyz()?;
+        (code == 200).then_some(()).ok_or(format!("{code} {body}"))
+    })
+    .await;
+    conclude(
+        Report {
+            id: "42-remote-down-others-converge",
+            scenario: "One of two remotes down (API server killed) while the other keeps converging",
+            done: "east and lapse both export `both` (merged follower), lapse also `only-lapse`; lapse's kube-apiserver SIGKILLed; east then adds a leader and changes a port; lapse started again",
+            converge: Some(converged),
+            note: "converged in: from lapse's API server killed to east's new leader mirrored (the merged follower took east's port change too); /readyz 503 naming lapse only; lapse's sweeps aborted (2 or more) while east's went on (2 or more done); lapse's follower and its slice of the merged follower kept; /readyz 200 once lapse was back".into(),
+        },
+        &Lost::since(&before, &after, &names(&["both", "only-lapse"])),
         &before.non_followers_touched(&after),
     );
 }
