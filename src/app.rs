@@ -25,6 +25,7 @@ use crate::cache::{Cache, GroupKey};
 use crate::clients::{self, Remote};
 use crate::desired::Options;
 use crate::error::{Error, Result};
+use crate::health;
 use crate::lease::{self, Leadership, LeaseConfig};
 use crate::metrics::{Metrics, labels};
 use crate::queue::WorkQueue;
@@ -138,8 +139,11 @@ pub async fn run(args: Args) -> Result<()> {
 
     let sweep_now = Arc::new(Notify::new());
     if !args.remote_secret_selector.trim().is_empty() {
+        ctx.remotes.set_complete(false);
         remote_secrets(&sup, &rt, &clients, &sweep_now, &args).await;
     }
+    let health = health::Keeper::new(Arc::clone(&rt), clients.local.clone(), &args, &identity);
+    sup.spawn_until_shutdown("remote health Leases", health.run());
     let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
     sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);

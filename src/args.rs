@@ -24,6 +24,10 @@ pub enum Command {
     /// Run against the cluster to be READ: create (or reuse) its read-only ServiceAccount, mint a
     /// token through TokenRequest, print a kubeconfig or Secret for the other cluster's daemon.
     RemoteAccess(crate::remote_access::RemoteAccessArgs),
+    /// Health of every remote, read from the LOCAL cluster only (the health Leases the leader
+    /// keeps, the followers, the Events): a table, or JSON with -o json. Exit 0: all connected
+    /// and a leader renewing; 1: something needs a look; 2: the local cluster could not be read.
+    Status(crate::status::StatusArgs),
 }
 
 /// The daemon's flags.
@@ -128,6 +132,12 @@ pub struct Args {
     /// about twice this.
     #[arg(long, env = "API_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(2..=290))]
     pub api_timeout_seconds: u32,
+
+    /// Seconds between renewals of each remote's health Lease (kept by the leader in
+    /// --namespace, renewed only while the remote's watches are healthy; valid for three times
+    /// this).
+    #[arg(long, env = "REMOTE_HEALTH_INTERVAL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub remote_health_interval_seconds: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

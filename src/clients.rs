@@ -142,6 +142,13 @@ fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
         .build())
 }
 
+/// A client for a one-shot command (`status`): the bounded retries, a 30 s connect and read limit.
+pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, String> {
+    cfg.connect_timeout = Some(std::time::Duration::from_secs(30));
+    cfg.read_timeout = Some(std::time::Duration::from_secs(30));
+    client_of(cfg)
+}
+
 /// A remote's client from a kubeconfig held in a Secret (its current context), with the
 /// daemon's timeouts, and its API server's host:port.
 pub async fn secret_remote(kc: Kubeconfig, args: &Args) -> Result<(Client, String)> {

@@ -10,6 +10,7 @@ pub mod desired;
 pub mod error;
 #[cfg(test)]
 mod fixtures;
+pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod queue;
@@ -17,6 +18,7 @@ pub mod reconcile;
 pub mod registry;
 pub mod remote_access;
 pub mod remote_secrets;
+pub mod status;
 pub mod supervisor;
 pub mod sweeper;
 pub mod telemetry;

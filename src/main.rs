@@ -1,6 +1,6 @@
 use clap::Parser;
 use cross_cluster_controller::args::{Cli, Command};
-use cross_cluster_controller::{Error, app, remote_access, telemetry};
+use cross_cluster_controller::{Error, app, remote_access, status, telemetry};
 
 fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
@@ -23,6 +23,10 @@ fn main() {
     #[cfg(feature = "dhat-heap")]
     let _profiler = dhat::Profiler::new_heap();
     let cli = Cli::parse();
+    if let Some(Command::Status(args)) = cli.command {
+        let code = runtime().block_on(status::run(args));
+        std::process::exit(code);
+    }
     if let Some(Command::RemoteAccess(args)) = cli.command {
         match runtime().block_on(remote_access::run(args)) {
             Ok(text) => print!("{text}"),

@@ -46,6 +46,9 @@ pub struct Registry {
     /// follower records of them goes, as if each had proven its leaders absent. A name that
     /// joins again leaves this set.
     retired: RwLock<BTreeSet<String>>,
+    /// false while a source of remotes (the Secrets) has not been listed once: until then a
+    /// remote missing from the registry may only not have joined yet
+    unlisted: std::sync::atomic::AtomicBool,
 }
 
 impl Registry {
@@ -98,6 +101,16 @@ impl Registry {
     /// The remotes removed on purpose (and not joined again).
     pub fn retired(&self) -> BTreeSet<String> {
         read(&self.retired).clone()
+    }
+
+    /// Whether every source of remotes has been listed once (see `unlisted`).
+    pub fn complete(&self) -> bool {
+        !self.unlisted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn set_complete(&self, complete: bool) {
+        self.unlisted
+            .store(!complete, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Records why a source is not (or no longer) a member.

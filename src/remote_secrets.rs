@@ -185,6 +185,7 @@ impl Source {
                         if listed {
                             listed_once = true;
                             registry.clear_problem(&listing_source);
+                            registry.set_complete(true);
                         }
                     }
                     Some(Err(e)) => {

@@ -564,7 +564,10 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         ("endpoints", rw),
         ("endpointslices.discovery.k8s.io", rw),
         ("events.events.k8s.io", &["create", "patch"]),
-        ("leases.coordination.k8s.io", &["create", "get", "update"]),
+        (
+            "leases.coordination.k8s.io",
+            &["create", "delete", "get", "list", "update"],
+        ),
         ("namespaces", ro),
         ("secrets", ro),
         ("services", rw),

@@ -13,8 +13,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::daemon::{Daemon, args_for};
+use support::daemon::Daemon;
 use support::fault::{Lost, Report, conclude, snapshot};
+use support::remotes::{apply_secret, kubeconfig_of, leader, remote_secret, secrets_only_args};
 use support::{
     LOCAL, REMOTE, absent, bed, bed_cmd, client, eventually, namespace_in, obj, ports_are, present,
 };
@@ -36,60 +37,7 @@ async fn daemon(ns: &str) -> Daemon {
 
 /// [`daemon`], not waiting for it to be ready.
 async fn daemon_started(ns: &str) -> Daemon {
-    let mut args = args_for(ns);
-    let i = args
-        .iter()
-        .position(|a| a == "--remote-context")
-        .expect("flag");
-    args.drain(i..i + 2);
-    args.extend(
-        [
-            "--sweep-schedule",
-            "*/2 * * * * *",
-            "--remote-removal-grace-seconds",
-            "2",
-            "--api-timeout-seconds",
-            "5",
-        ]
-        .map(String::from),
-    );
-    Daemon::start_secrets_only(&args).await
-}
-
-/// The bed's kubeconfig with `context` as its current context, as YAML; `edit` may change it.
-async fn kubeconfig_of(context: &str, edit: impl FnOnce(&mut Kubeconfig)) -> String {
-    let mut kc = Kubeconfig::read_from(&bed().await.kubeconfig).expect("bed kubeconfig");
-    kc.current_context = Some(context.to_string());
-    edit(&mut kc);
-    serde_yaml::to_string(&kc).expect("kubeconfig yaml")
-}
-
-fn remote_secret(name: &str, remote: Option<&str>, kubeconfig: Option<&str>) -> Secret {
-    let mut labels = json!({"fair.com/cross-cluster-remote": "true"});
-    if let Some(r) = remote {
-        labels["fair.com/cross-cluster-name"] = json!(r);
-    }
-    let mut s = json!({"metadata": {"name": name, "labels": labels}});
-    if let Some(kc) = kubeconfig {
-        s["stringData"] = json!({"kubeconfig": kc});
-    }
-    obj(s)
-}
-
-fn leader(name: &str, port: i32) -> Service {
-    obj(json!({"metadata": {"name": name, "labels": {KEY: "true"}},
-               "spec": {"ports": [{"name": "http", "port": port}]}}))
-}
-
-async fn apply_secret(api: &Api<Secret>, s: &Secret) {
-    let name = s.name_any();
-    api.patch(
-        &name,
-        &PatchParams::apply("test").force(),
-        &Patch::Apply(serde_json::to_value(s).expect("json")),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply Secret {name}: {e}"));
+    Daemon::start_secrets_only(&secrets_only_args(ns)).await
 }
 
 async fn ready_lines(d: &Daemon) -> (u16, String) {

@@ -157,7 +157,7 @@ impl Options {
     }
 
     /// `<prefix>/cross-cluster-<suffix>` when the label key has a prefix, else `<key>-<suffix>`.
-    fn annotation(&self, suffix: &str) -> String {
+    pub fn annotation(&self, suffix: &str) -> String {
         match self.label_key.split_once('/') {
             Some((prefix, _)) => format!("{prefix}/cross-cluster-{suffix}"),
             None => format!("{}-{suffix}", self.label_key),
@@ -350,6 +350,11 @@ pub fn slice_recorded(
         return Recorded::NotOurs;
     }
     meta::recorded(metadata, opts)
+}
+
+/// Whether `s` is a lowercase RFC 1123 subdomain (an object name the API server accepts).
+pub fn meta_is_dns1123_subdomain(s: &str) -> bool {
+    meta::is_dns1123_subdomain(s)
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {

@@ -1,0 +1,277 @@
+//! Remote health readable from the local cluster's API: the per-remote Leases the leader keeps,
+//! and the `status` command that reads them (and the followers and Events) with the local
+//! cluster's credentials only. Two remotes from Secrets: east, and lapse, whose API server is
+//! killed and started again.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use support::daemon::{BIN, Daemon};
+use support::fault::{Lost, Report, conclude, snapshot};
+use support::remotes::{apply_secret, kubeconfig_of, leader, remote_secret, secrets_only_args};
+use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace_in, obj, present};
+
+/// A cluster of the bed whose API server this test kills (other test binaries run before or
+/// after this one, never beside it).
+const LAPSE: &str = "lapse";
+const WAIT: Duration = Duration::from_secs(60);
+const HEALTH: &str = "fair.com/cross-cluster-remote-health=cross-cluster-controller";
+
+/// `status -o json` against west, scoped to the test's namespace: (exit code, the report).
+async fn status(ns: &str) -> (i32, Value) {
+    let kc = bed().await.kubeconfig.clone();
+    let ns = ns.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(["status", "--kubeconfig"])
+            .arg(&kc)
+            .args([
+                "--context",
+                LOCAL,
+                "--namespace",
+                &ns,
+                "--watch-namespace",
+                &ns,
+            ])
+            .args(["-o", "json"])
+            .output()
+            .expect("run status")
+    })
+    .await
+    .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "status output is not JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, report)
+}
+
+fn remote<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
+    report["remotes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)
+}
+
+/// Waits until `status` exits with `code` and `check` holds on its report.
+async fn status_until(ns: &str, what: &str, code: i32, check: impl Fn(&Value) -> bool) -> Value {
+    eventually(what, WAIT, || async {
+        let (c, r) = status(ns).await;
+        (c == code && check(&r))
+            .then_some(r.clone())
+            .ok_or(format!("exit {c}: {r}"))
+    })
+    .await
+}
+
+fn renewed(l: &Lease) -> String {
+    serde_json::to_string(&l.spec.as_ref().and_then(|s| s.renew_time.clone())).unwrap()
+}
+
+async fn health_leases(api: &Api<Lease>) -> Result<Vec<Lease>, String> {
+    api.list(&ListParams::default().labels(HEALTH))
+        .await
+        .map(|l| l.items)
+        .map_err(|e| e.to_string())
+}
+
+async fn lease_of(api: &Api<Lease>, remote: &str) -> Result<Lease, String> {
+    api.get(&format!("cross-cluster-controller-remote-{remote}"))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() {
+    support::extra_cluster(LAPSE, "").await;
+    let ns = namespace_in("health", &[REMOTE, LOCAL, LAPSE]).await;
+    let pp = PostParams::default();
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let lapse: Api<Service> = Api::namespaced(client(LAPSE).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let leases: Api<Lease> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    east.create(&pp, &leader("web", 80)).await.unwrap();
+    lapse.create(&pp, &leader("api", 80)).await.unwrap();
+
+    // no daemon yet: no leader, status says so
+    let (code, r) = status(&ns.name).await;
+    assert_eq!(code, 1, "{r}");
+    assert!(r["leader"].is_null(), "{r}");
+
+    let mut args = secrets_only_args(&ns.name);
+    args.extend(["--remote-health-interval-seconds", "1"].map(String::from));
+    let d = Daemon::start_secrets_only(&args).await;
+    d.wait_leading().await;
+    for (name, context) in [("east", REMOTE), ("lapse", LAPSE)] {
+        let kc = kubeconfig_of(context, |_| {}).await;
+        apply_secret(&secrets, &remote_secret(name, None, Some(&kc))).await;
+    }
+    // one Lease per remote, listed by its label, renewed
+    eventually("a health Lease per remote", WAIT, || async {
+        let names: Vec<String> = health_leases(&leases)
+            .await?
+            .iter()
+            .map(|l| l.name_any())
+            .collect();
+        (names.len() == 2).then_some(()).ok_or(format!("{names:?}"))
+    })
+    .await;
+    let first = lease_of(&leases, "east").await.unwrap();
+    assert!(
+        !first.annotations()["fair.com/cross-cluster-cluster-id"].is_empty(),
+        "{:?}",
+        first.annotations()
+    );
+    eventually("east's Lease renewed", WAIT, || async {
+        let l = lease_of(&leases, "east").await?;
+        (renewed(&l) != renewed(&first))
+            .then_some(())
+            .ok_or(renewed(&l))
+    })
+    .await;
+    let healthy = status_until(&ns.name, "status: all connected", 0, |r| {
+        ["east", "lapse"]
+            .iter()
+            .all(|n| remote(r, n).is_some_and(|s| s["connected"] == true && s["followers"] == 1))
+    })
+    .await;
+    assert_eq!(
+        healthy["leader"]["fresh"], true,
+        "the election Lease's holder is named: {healthy}"
+    );
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+
+    // lapse goes down: its Lease stops renewing (east's goes on), status exits 1 naming it
+    tokio::task::spawn_blocking(|| bed_cmd(&["kill", LAPSE, "apiserver"]))
+        .await
+        .unwrap();
+    let down = Instant::now();
+    let stuck = eventually("lapse's Lease says why", WAIT, || async {
+        let l = lease_of(&leases, "lapse").await?;
+        let problem = l.annotations()["fair.com/cross-cluster-problem"].clone();
+        (!problem.is_empty()).then_some(l).ok_or(problem)
+    })
+    .await;
+    let seen_down = down.elapsed();
+    let east_then = lease_of(&leases, "east").await.unwrap();
+    for _ in 0..2 {
+        let mark = lease_of(&leases, "east").await.unwrap();
+        eventually("east's Lease renewed meanwhile", WAIT, || async {
+            let l = lease_of(&leases, "east").await?;
+            (renewed(&l) != renewed(&mark))
+                .then_some(())
+                .ok_or(renewed(&l))
+        })
+        .await;
+    }
+    assert_ne!(
+        renewed(&lease_of(&leases, "east").await.unwrap()),
+        renewed(&east_then)
+    );
+    assert_eq!(
+        renewed(&lease_of(&leases, "lapse").await.unwrap()),
+        renewed(&stuck),
+        "a remote that is down is not renewed"
+    );
+    let r = status_until(&ns.name, "status: lapse down", 1, |r| {
+        remote(r, "lapse").is_some_and(|s| s["connected"] == false)
+            && remote(r, "east").is_some_and(|s| s["connected"] == true)
+    })
+    .await;
+    assert!(
+        remote(&r, "lapse").unwrap()["problem"]
+            .as_str()
+            .unwrap()
+            .contains("failing"),
+        "{r}"
+    );
+
+    // back: renewed again, status 0
+    tokio::task::spawn_blocking(|| bed_cmd(&["start", LAPSE]))
+        .await
+        .unwrap();
+    let back = Instant::now();
+    status_until(&ns.name, "status: lapse back", 0, |r| {
+        remote(r, "lapse").is_some_and(|s| s["connected"] == true)
+    })
+    .await;
+    let seen_back = back.elapsed();
+    let after_outage = snapshot(&lc, &[&ns.name]).await;
+
+    // a follower recording a remote no daemon here reads: flagged, exit 1
+    west.create(
+        &pp,
+        &obj(
+            json!({"metadata": {"name": "orphan", "labels": {"fair.com/cross-cluster": "follower"},
+                    "annotations": {"fair.com/cross-cluster-origin-cluster": "ghost"}},
+                    "spec": {"ports": [{"port": 80}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let r = status_until(&ns.name, "status flags the ghost's follower", 1, |r| {
+        r["unknown_remote_followers"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|f| f.as_str().unwrap_or("").contains("orphan"))
+        })
+    })
+    .await;
+    assert!(
+        remote(&r, "ghost").is_some_and(|s| s["known"] == false),
+        "{r}"
+    );
+    west.delete("orphan", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // lapse removed: its Lease goes
+    secrets
+        .delete("lapse", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("lapse's Lease deleted", WAIT, || async {
+        let names: Vec<String> = health_leases(&leases)
+            .await?
+            .iter()
+            .map(|l| l.name_any())
+            .collect();
+        (names == ["cross-cluster-controller-remote-east"])
+            .then_some(())
+            .ok_or(format!("{names:?}"))
+    })
+    .await;
+    status_until(&ns.name, "status: east only", 0, |r| {
+        r["remotes"].as_array().is_some_and(|a| a.len() == 1) && remote(r, "east").is_some()
+    })
+    .await;
+    present(&west, "web").await.unwrap();
+    conclude(
+        Report {
+            id: "43-remote-health-leases-and-status",
+            scenario: "Per-remote health Leases and `status`: a remote up, down, back and removed",
+            done: "two remotes from Secrets (east, lapse), health renewed every 1 s (valid 3 s); lapse's kube-apiserver SIGKILLed, then started; a follower recording an unknown remote added; lapse's Secret deleted",
+            converge: Some(seen_back),
+            note: format!(
+                "converged in: lapse started again to `status` exit 0 with lapse connected; lapse down shown on its Lease (problem annotation, renewTime frozen while east's renewed twice) {:.1} s after its API server was killed; `status` exit 1 naming it; the unknown remote's follower flagged (exit 1); lapse's Lease deleted with its Secret; nothing deleted while it was down",
+                seen_down.as_secs_f64()
+            ),
+        },
+        &Lost::since(
+            &before,
+            &after_outage,
+            &["web", "api"].iter().map(|s| s.to_string()).collect(),
+        ),
+        &before.non_followers_touched(&after_outage),
+    );
+}
