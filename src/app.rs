@@ -25,7 +25,6 @@ use crate::cache::{Cache, GroupKey};
 use crate::clients::{self, Remote};
 use crate::desired::Options;
 use crate::error::{Error, Result};
-use crate::health;
 use crate::lease::{self, Leadership, LeaseConfig};
 use crate::metrics::{Metrics, labels};
 use crate::queue::WorkQueue;
@@ -37,6 +36,7 @@ use crate::sweeper;
 use crate::watch::{Follow, Spec};
 use crate::worker::{self, Runtime};
 use crate::writer::Writer;
+use crate::{health, outage};
 
 const CONTROLLER: &str = "cross-cluster-controller";
 /// How long start-up waits for the static remote's cluster id.
@@ -128,7 +128,8 @@ pub async fn run(args: Args) -> Result<()> {
             .await
             .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
             .ok();
-        join(&sup, &rt, remote, id, Origin::Static, &args);
+        let stale_after = args.remote_stale_after_seconds.map(Duration::from_secs);
+        join(&sup, &rt, remote, (id, stale_after), Origin::Static, &args);
     }
     local_watches(&sup, &rt, &clients.local, &args);
     namespace_watch(&sup, &rt, &clients.local, &args);
@@ -144,6 +145,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let health = health::Keeper::new(Arc::clone(&rt), clients.local.clone(), &args, &identity);
     sup.spawn_until_shutdown("remote health Leases", health.run());
+    sup.spawn_until_shutdown("outage policy", outage::run(Arc::clone(&rt)));
     let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
     sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);
@@ -282,15 +284,17 @@ where
 }
 
 /// Makes a remote a member: its metric series, its caches in the registry, its watches (which
-/// end when it leaves). A member of the same name is replaced (its watches cancelled).
+/// end when it leaves). A member of the same name is replaced (its watches cancelled). `known`
+/// is its cluster id and its outage policy (see [`outage`]).
 pub(crate) fn join(
     sup: &Supervisor,
     rt: &Arc<Runtime>,
     remote: &Remote,
-    cluster_id: Option<String>,
+    known: (Option<String>, Option<Duration>),
     origin: Origin,
     args: &Args,
 ) -> Arc<Member> {
+    let (cluster_id, stale_after) = known;
     let opts = Options {
         label_key: args.label_key.clone(),
         cluster_name: remote.name.clone(),
@@ -298,7 +302,8 @@ pub(crate) fn join(
         cluster_id: cluster_id.clone(),
     };
     rt.ctx.metrics.init_remote(&remote.name);
-    let state = RemoteState::new(&remote.name, opts, args.watch_namespaces.clone());
+    let state = RemoteState::new(&remote.name, opts, args.watch_namespaces.clone())
+        .with_stale_after(stale_after);
     let member = rt.ctx.remotes.insert(Member {
         state: Arc::new(state),
         client: remote.client.clone(),

@@ -138,6 +138,13 @@ pub struct Args {
     /// this).
     #[arg(long, env = "REMOTE_HEALTH_INTERVAL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub remote_health_interval_seconds: u64,
+
+    /// Opt-in outage policy for the static remote: once it has been unreachable this many
+    /// seconds, its endpoints in every follower are marked not ready (so traffic goes to the
+    /// other remotes'); restored when it returns; nothing is deleted. Default: off (keep the last
+    /// known endpoints). Secret remotes: the annotation `fair.com/cross-cluster-stale-after`.
+    #[arg(long, env = "REMOTE_STALE_AFTER_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub remote_stale_after_seconds: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

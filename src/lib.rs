@@ -13,6 +13,7 @@ mod fixtures;
 pub mod health;
 pub mod lease;
 pub mod metrics;
+pub mod outage;
 pub mod queue;
 pub mod reconcile;
 pub mod registry;

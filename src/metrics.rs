@@ -26,6 +26,8 @@ pub struct Metrics {
     pub watch_requests: Family<Labels, Counter>,
     pub panics: Counter,
     pub export_conflicts: Family<Labels, Gauge>,
+    pub remote_stale: Family<Labels, Gauge>,
+    pub remote_stale_transitions: Family<Labels, Counter>,
     pub remote_changes: Family<Labels, Counter>,
     pub remote_secrets_refused: Gauge,
 }
@@ -52,6 +54,8 @@ impl Default for Metrics {
             watch_requests: Family::default(),
             panics: Counter::default(),
             export_conflicts: Family::default(),
+            remote_stale: Family::default(),
+            remote_stale_transitions: Family::default(),
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
             registry: Registry::default(),
@@ -125,6 +129,16 @@ impl Default for Metrics {
             "reconcile_panics",
             "Reconciles that panicked (the key is released and retried with back-off)",
             m.panics.clone(),
+        );
+        registry.register(
+            "remote_stale",
+            "1 while the outage policy marks this remote's endpoints not ready (stale_after passed)",
+            m.remote_stale.clone(),
+        );
+        registry.register(
+            "remote_stale_transitions",
+            "Outage policy transitions by remote: marked (endpoints set not ready), restored",
+            m.remote_stale_transitions.clone(),
         );
         registry.register(
             "export_conflicts",

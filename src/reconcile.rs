@@ -53,6 +53,10 @@ pub struct RemoteState {
     /// slices written by anyone else (a selectorless Service's slices, other controllers'),
     /// which carry only `kubernetes.io/service-name`; see [`Options::foreign_slice_selector`]
     pub foreign_slices: RwLock<Cache<EndpointSlice>>,
+    /// the outage policy: after this long unreachable, its endpoints are marked not ready
+    pub stale_after: Option<std::time::Duration>,
+    /// true while the outage policy marks its endpoints not ready
+    pub marked: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteState {
@@ -64,7 +68,20 @@ impl RemoteState {
             services: RwLock::new(Cache::new(by_name::<Service>)),
             slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
             foreign_slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            stale_after: None,
+            marked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// With the outage policy (see [`crate::outage`]).
+    pub fn with_stale_after(mut self, stale_after: Option<std::time::Duration>) -> Self {
+        self.stale_after = stale_after;
+        self
+    }
+
+    /// Whether the outage policy marks this remote's endpoints not ready now.
+    pub fn is_marked(&self) -> bool {
+        self.marked.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn ready(&self) -> bool {

@@ -35,6 +35,8 @@ use crate::worker::Runtime;
 pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
 /// The Secret's data key holding the kubeconfig.
 pub const DATA_KEY: &str = "kubeconfig";
+/// The Secret annotation that turns on the outage policy for its remote (see `crate::outage`).
+pub const STALE_AFTER_KEY: &str = "fair.com/cross-cluster-stale-after";
 /// How often Secrets that could not be used (an unreachable server, say) are tried again.
 const RETRY: Duration = Duration::from_secs(10);
 
@@ -44,8 +46,10 @@ pub struct Candidate {
     /// the remote's name
     pub name: String,
     pub kubeconfig: Kubeconfig,
-    /// of the kubeconfig bytes: a different hash is a rotation
+    /// of the kubeconfig bytes and the outage policy: a different hash is a rotation
     pub hash: String,
+    /// the outage policy (annotation [`STALE_AFTER_KEY`])
+    pub stale_after: Option<Duration>,
 }
 
 /// Pure: the remote a Secret describes, or why it describes none.
@@ -78,10 +82,17 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
     let text = String::from_utf8(bytes).map_err(|_| format!("{DATA_KEY:?} is not text"))?;
     let kubeconfig = Kubeconfig::from_yaml(&text)
         .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
+    let stale_after = match s.annotations().get(STALE_AFTER_KEY) {
+        Some(v) => crate::outage::parse_stale_after(v)
+            .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
+        None => None,
+    };
+    let policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
     Ok(Candidate {
         name,
         kubeconfig,
-        hash: hex::encode(Sha256::digest(text.as_bytes())),
+        hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
+        stale_after,
     })
 }
 
@@ -336,7 +347,7 @@ impl Source {
             &self.sup,
             &self.rt,
             &remote,
-            Some(id.clone()),
+            (Some(id.clone()), c.stale_after),
             origin,
             &self.args,
         );

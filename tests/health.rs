@@ -4,16 +4,20 @@
 //! killed and started again.
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{BIN, Daemon};
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::remotes::{apply_secret, kubeconfig_of, leader, remote_secret, secrets_only_args};
+use support::remotes::{
+    apply_secret, kubeconfig_of, leader, remote_secret, remote_slice, secrets_only_args,
+};
 use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace_in, obj, present};
 
 /// A cluster of the bed whose API server this test kills (other test binaries run before or
@@ -273,5 +277,153 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
             &["web", "api"].iter().map(|s| s.to_string()).collect(),
         ),
         &before.non_followers_touched(&after_outage),
+    );
+}
+
+/// A cluster of the bed whose API server the outage-policy test kills.
+const FADE: &str = "fade";
+
+/// The first endpoint's (ready, serving) of each local slice of `svc`, by the remote it mirrors.
+async fn conditions(
+    api: &Api<EndpointSlice>,
+    svc: &str,
+) -> Result<BTreeMap<String, (Option<bool>, Option<bool>)>, String> {
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
+    let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .iter()
+        .map(|s| {
+            let origin = s
+                .labels()
+                .get("fair.com/cross-cluster-origin-cluster")
+                .cloned()
+                .unwrap_or_default();
+            let c = s.endpoints.first().and_then(|e| e.conditions.clone());
+            let c = c.unwrap_or_default();
+            (origin, (c.ready, c.serving))
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn the_outage_policy_marks_a_long_unreachable_remote_not_ready_and_restores_it() {
+    support::extra_cluster(FADE, "").await;
+    let ns = namespace_in("outage-policy", &[REMOTE, LOCAL, FADE]).await;
+    let pp = PostParams::default();
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let fade: Api<Service> = Api::namespaced(client(FADE).await, &ns.name);
+    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let fade_sl: Api<EndpointSlice> = Api::namespaced(client(FADE).await, &ns.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let west_sl: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    east.create(&pp, &leader("both", 80)).await.unwrap();
+    east_sl
+        .create(&pp, &remote_slice("both", "both-e", "10.1.0.1"))
+        .await
+        .unwrap();
+    fade.create(&pp, &leader("both", 80)).await.unwrap();
+    fade_sl
+        .create(&pp, &remote_slice("both", "both-f", "10.4.0.1"))
+        .await
+        .unwrap();
+    let d = Daemon::start_secrets_only(&secrets_only_args(&ns.name)).await;
+    d.wait_leading().await;
+    let kc = kubeconfig_of(REMOTE, |_| {}).await;
+    apply_secret(&secrets, &remote_secret("east", None, Some(&kc))).await;
+    let kc = kubeconfig_of(FADE, |_| {}).await;
+    let mut s = remote_secret("fade", None, Some(&kc));
+    s.metadata.annotations = Some(BTreeMap::from([(
+        "fair.com/cross-cluster-stale-after".to_string(),
+        "2s".to_string(),
+    )]));
+    apply_secret(&secrets, &s).await;
+    let ready = (Some(true), None);
+    let all_ready = BTreeMap::from([("east".to_string(), ready), ("fade".to_string(), ready)]);
+    eventually("both remotes' endpoints mirrored, ready", WAIT, || async {
+        let c = conditions(&west_sl, "both").await?;
+        (c == all_ready).then_some(()).ok_or(format!("{c:?}"))
+    })
+    .await;
+    let uid = west.get("both").await.unwrap().uid();
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+
+    tokio::task::spawn_blocking(|| bed_cmd(&["kill", FADE, "apiserver"]))
+        .await
+        .unwrap();
+    let down = Instant::now();
+    let fade_marked = BTreeMap::from([
+        ("east".to_string(), ready),
+        ("fade".to_string(), (Some(false), Some(false))),
+    ]);
+    eventually(
+        "fade's endpoints marked not ready, east's ready",
+        WAIT,
+        || async {
+            let c = conditions(&west_sl, "both").await?;
+            (c == fade_marked).then_some(()).ok_or(format!("{c:?}"))
+        },
+    )
+    .await;
+    let marked_after = down.elapsed();
+    assert!(
+        marked_after >= Duration::from_secs(2),
+        "not before stale-after: {marked_after:?}"
+    );
+    d.wait_metric("xcc_remote_stale", &["remote=\"fade\""], 1.0)
+        .await;
+    assert_eq!(
+        west.get("both").await.unwrap().uid(),
+        uid,
+        "nothing re-created"
+    );
+    let marked = snapshot(&lc, &[&ns.name]).await;
+
+    tokio::task::spawn_blocking(|| bed_cmd(&["start", FADE]))
+        .await
+        .unwrap();
+    let back = Instant::now();
+    eventually("fade's endpoints ready again", WAIT, || async {
+        let c = conditions(&west_sl, "both").await?;
+        (c == all_ready).then_some(()).ok_or(format!("{c:?}"))
+    })
+    .await;
+    let restored_after = back.elapsed();
+    d.wait_metric(
+        "xcc_remote_stale_transitions_total",
+        &["remote=\"fade\"", "to=\"restored\""],
+        1.0,
+    )
+    .await;
+    assert_eq!(d.metric("xcc_remote_stale", &["remote=\"fade\""]), 0.0);
+    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(lc.clone(), &ns.name);
+    eventually("RemoteStale and RemoteRestored Events", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let reasons: Vec<String> = list.items.iter().filter_map(|e| e.reason.clone()).collect();
+        (reasons.iter().any(|r| r == "RemoteStale")
+            && reasons.iter().any(|r| r == "RemoteRestored"))
+        .then_some(())
+        .ok_or(format!("{reasons:?}"))
+    })
+    .await;
+    conclude(
+        Report {
+            id: "44-outage-policy-marks-and-restores",
+            scenario: "Outage policy (opt-in): a remote unreachable past stale-after has its endpoints marked not ready, restored when it returns",
+            done: "east and fade both export `both` (one follower, a slice each); fade's Secret carries fair.com/cross-cluster-stale-after: 2s; fade's kube-apiserver SIGKILLed, then started",
+            converge: Some(restored_after),
+            note: format!(
+                "converged in: fade started again to its endpoints ready again; marked ready=false/serving=false {:.1} s after its API server was killed (stale-after 2 s) while east's stayed ready; xcc_remote_stale 1 then 0, RemoteStale and RemoteRestored Events; no delete sent, the follower kept its uid",
+                marked_after.as_secs_f64()
+            ),
+        },
+        &Lost::since(&before, &marked, &["both".to_string()].into()),
+        &before.non_followers_touched(&marked),
     );
 }

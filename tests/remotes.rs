@@ -15,7 +15,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::Daemon;
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::remotes::{apply_secret, kubeconfig_of, leader, remote_secret, secrets_only_args};
+use support::remotes::{
+    apply_secret, kubeconfig_of, leader, remote_secret, remote_slice, secrets_only_args,
+};
 use support::{
     LOCAL, REMOTE, absent, bed, bed_cmd, client, eventually, namespace_in, obj, ports_are, present,
 };
@@ -526,17 +528,6 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
         &Lost::since(&before, &after, &names(&["a", "b"])),
         &before.non_followers_touched(&after),
     );
-}
-
-/// A remote slice of `svc` as the remote cluster's EndpointSlice controller writes it.
-fn remote_slice(svc: &str, name: &str, ip: &str) -> EndpointSlice {
-    obj(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, KEY: "true",
-                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
-    }))
 }
 
 fn leader_with(name: &str, ports: serde_json::Value) -> Service {

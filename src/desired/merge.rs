@@ -16,6 +16,8 @@ pub struct Export<'a> {
     pub opts: &'a Options,
     pub leader: &'a Service,
     pub slices: Vec<&'a EndpointSlice>,
+    /// the outage policy marks this remote's endpoints not ready (see `crate::outage`)
+    pub stale: bool,
 }
 
 /// What a losing export conflicts on. Bounded: usable as a metric label.
@@ -80,16 +82,38 @@ pub fn merge(
     opts: &Options,
 ) -> Merged {
     let mut out = Merged::default();
-    let mut order: Vec<&Export<'_>> = exports.iter().collect();
-    order.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
-    let mut parts: Vec<(&Export<'_>, Follower)> = Vec::new();
-    for e in order {
-        match follower(e.leader, &e.slices, e.opts) {
-            Ok(f) => parts.push((e, f)),
+    // a stale remote's endpoints, marked not ready (owned copies; the caches are not touched)
+    let marked: Vec<Vec<EndpointSlice>> = exports
+        .iter()
+        .map(|e| {
+            if e.stale {
+                e.slices.iter().map(|s| not_ready(s)).collect()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let inputs: Vec<Vec<&EndpointSlice>> = exports
+        .iter()
+        .zip(&marked)
+        .map(|(e, m)| {
+            if e.stale {
+                m.iter().collect()
+            } else {
+                e.slices.clone()
+            }
+        })
+        .collect();
+    let mut order: Vec<(&Export<'_>, &Vec<&EndpointSlice>)> = exports.iter().zip(&inputs).collect();
+    order.sort_by(|a, b| age_key(a.0).cmp(&age_key(b.0)));
+    let mut parts: Vec<(&Export<'_>, &[&EndpointSlice], Follower)> = Vec::new();
+    for (e, input) in order {
+        match follower(e.leader, input, e.opts) {
+            Ok(f) => parts.push((e, input, f)),
             Err(skip) => out.skipped.push((e.opts.cluster_name.clone(), skip)),
         }
     }
-    let Some(((first, winner), rest)) = parts.split_first() else {
+    let Some(((first, _, winner), rest)) = parts.split_first() else {
         return out;
     };
     let winner_name = &first.opts.cluster_name;
@@ -97,7 +121,7 @@ pub fn merge(
     let mut slices_out = winner.slices.clone();
     out.contributors.insert(winner_name.clone());
     let spec = svc.spec.get_or_insert_with(ServiceSpec::default);
-    for (e, f) in rest {
+    for (e, _, f) in rest {
         let cluster = &e.opts.cluster_name;
         out.contributors.insert(cluster.clone());
         let theirs = f.service.spec.clone().unwrap_or_default();
@@ -135,7 +159,7 @@ pub fn merge(
     let endpoints = winner.endpoints.as_ref().map(|_| {
         let relevant: Vec<&EndpointSlice> = parts
             .iter()
-            .flat_map(|(e, _)| e.slices.iter().copied())
+            .flat_map(|(_, input, _)| input.iter().copied())
             .filter(|s| slices::belongs_to(s, &svc_name(&svc), &svc_namespace(&svc)))
             .collect();
         let groups = slices::group_endpoints(&relevant);
@@ -159,6 +183,18 @@ pub fn merge(
         endpoints,
     });
     out
+}
+
+/// Pure: a remote slice with every endpoint not ready and not serving (terminating kept): what
+/// the outage policy makes of a stale remote's endpoints.
+pub fn not_ready(slice: &EndpointSlice) -> EndpointSlice {
+    let mut s = slice.clone();
+    for e in &mut s.endpoints {
+        let c = e.conditions.get_or_insert_with(Default::default);
+        c.ready = Some(false);
+        c.serving = Some(false);
+    }
+    s
 }
 
 fn svc_name(s: &Service) -> String {
@@ -350,11 +386,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![&sa],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![&sb],
+                stale: false,
             },
         ];
         let m = merge(
@@ -408,16 +446,19 @@ mod tests {
                 opts: &south,
                 leader: &c,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &east,
                 leader: &a,
                 slices: vec![],
+                stale: false,
             },
         ];
         let m = merge(
@@ -458,11 +499,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![&sb],
+                stale: false,
             },
         ];
         let m = merge(
@@ -495,11 +538,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &c,
                 slices: vec![],
+                stale: false,
             },
         ];
         let m = merge(
@@ -526,11 +571,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![&sb],
+                stale: false,
             },
         ];
         let m = merge(
@@ -551,6 +598,7 @@ mod tests {
             opts: &east,
             leader: &a,
             slices: vec![],
+            stale: false,
         }];
         let live = leader(
             "2024-01-01T00:00:00Z",
@@ -592,11 +640,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![],
+                stale: false,
             },
         ];
         let m = merge(
@@ -623,11 +673,13 @@ mod tests {
                 opts: &east,
                 leader: &a,
                 slices: vec![&sa],
+                stale: false,
             },
             Export {
                 opts: &north,
                 leader: &b,
                 slices: vec![&sb],
+                stale: false,
             },
         ];
         let m = merge(

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 pub use endpoints::endpoints_change;
-pub use merge::{Conflict, ConflictKind, Export, Merged, merge};
+pub use merge::{Conflict, ConflictKind, Export, Merged, merge, not_ready};
 pub use service::{ServiceChange, service_change};
 pub use slices::{set_slice_owner, slice_change};
 

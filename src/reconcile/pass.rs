@@ -31,6 +31,8 @@ enum View {
     Exports {
         leader: Arc<Service>,
         slices: Vec<Arc<EndpointSlice>>,
+        /// the outage policy marks its endpoints not ready
+        stale: bool,
     },
     Absent,
     Unknown,
@@ -89,6 +91,7 @@ impl Ctx {
                     Some(leader) => View::Exports {
                         leader,
                         slices: state.slices_of(g)?,
+                        stale: state.is_marked(),
                     },
                     None => View::Absent,
                 }
@@ -167,10 +170,15 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         .remotes
         .iter()
         .filter_map(|(state, view)| match view {
-            View::Exports { leader, slices } => Some(Export {
+            View::Exports {
+                leader,
+                slices,
+                stale,
+            } => Some(Export {
                 opts: &state.opts,
                 leader,
                 slices: slices.iter().map(Arc::as_ref).collect(),
+                stale: *stale,
             }),
             _ => None,
         })

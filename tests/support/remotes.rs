@@ -70,3 +70,18 @@ pub fn leader(name: &str, port: i32) -> k8s_openapi::api::core::v1::Service {
                "spec": {"ports": [{"name": "http", "port": port}]}}),
     )
 }
+
+/// A remote slice of `svc` as the remote cluster's EndpointSlice controller writes it.
+pub fn remote_slice(
+    svc: &str,
+    name: &str,
+    ip: &str,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    obj(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, "fair.com/cross-cluster": "true",
+                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
+    }))
+}
