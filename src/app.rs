@@ -77,7 +77,6 @@ pub async fn run(args: Args) -> Result<()> {
     let shutdown = CancellationToken::new();
     handle_signals(shutdown.clone());
     let sup = Supervisor::new(shutdown.clone());
-
     let identity = args
         .identity
         .clone()
@@ -85,59 +84,19 @@ pub async fn run(args: Args) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.admin_bind)
         .await
         .map_err(|e| Error::Config(format!("--admin-bind {}: {e}", args.admin_bind)))?;
-    info!(
-        version = env!("CARGO_PKG_VERSION"),
-        identity = %identity,
-        remote = %clients.remotes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
-        label_key = %args.label_key,
-        dry_run = args.dry_run,
-        admin = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-        "starting"
-    );
+    log_start(&args, &clients, &identity, &listener);
 
-    // leader election
-    let lease_cfg = LeaseConfig {
-        namespace: args.namespace.clone(),
-        name: args.lease_name.clone(),
-        identity: identity.clone(),
-        duration: args.lease_duration(),
-    };
-    let leader_metric = metrics.leader.clone();
-    let (leader, election) = lease::elect(
-        clients.local.clone(),
-        lease_cfg,
-        shutdown.clone(),
-        move |l| {
-            leader_metric.set(i64::from(l));
-        },
-    );
-    let lease_task = sup.spawn("lease", election);
-
+    let (leader, lease_task) = election(&sup, &args, &clients.local, &identity, &metrics);
     let ctx = context(&args, &clients.local, &identity, &leader, &metrics);
     let queue = WorkQueue::new();
-    let rt = Arc::new(Runtime::new(
-        Arc::clone(&ctx),
-        Arc::clone(&queue),
-        leader.clone(),
-    ));
+    let rt = Arc::new(Runtime::new(Arc::clone(&ctx), Arc::clone(&queue), leader));
 
-    for remote in &clients.remotes {
-        // recorded on its followers and as the MCS source-cluster of its slices; a remote that
-        // does not answer at start is read without it
-        let id = remote_secrets::cluster_id(&remote.client, STATIC_ID_WAIT)
-            .await
-            .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
-            .ok();
-        let stale_after = args.remote_stale_after_seconds.map(Duration::from_secs);
-        join(&sup, &rt, remote, (id, stale_after), Origin::Static, &args);
-    }
+    static_remotes(&sup, &rt, &clients, &args).await;
     local_watches(&sup, &rt, &clients.local, &args);
     namespace_watch(&sup, &rt, &clients.local, &args);
-
     let workers: Vec<_> = (0..args.workers)
         .map(|i| sup.spawn(format!("worker {i}"), worker::run(Arc::clone(&rt))))
         .collect();
-
     let sweep_now = Arc::new(Notify::new());
     if !args.remote_secret_selector.trim().is_empty() {
         ctx.remotes.set_complete(false);
@@ -150,19 +109,7 @@ pub async fn run(args: Args) -> Result<()> {
     sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);
     gauges(&sup, &rt);
-
-    let admin_state = Arc::new(AdminState {
-        metrics: Arc::clone(&metrics),
-        remotes: Arc::clone(&ctx.remotes),
-        local: Arc::clone(&ctx.local),
-    });
-    let serve = admin::serve(listener, admin_state, shutdown.clone());
-    let admin_sup = sup.clone();
-    sup.spawn("admin server", async move {
-        if let Err(e) = serve.await {
-            admin_sup.fail(format!("admin server: {e}"));
-        }
-    });
+    admin_server(&sup, listener, &ctx, &metrics, &shutdown);
 
     shutdown.cancelled().await;
     queue.close();
@@ -178,6 +125,85 @@ pub async fn run(args: Args) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn log_start(
+    args: &Args,
+    clients: &clients::Clients,
+    identity: &str,
+    listener: &tokio::net::TcpListener,
+) {
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        identity = %identity,
+        remote = %clients.remotes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
+        label_key = %args.label_key,
+        dry_run = args.dry_run,
+        admin = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "starting"
+    );
+}
+
+/// Leader election on the daemon's Lease: who may write, and the task that decides it.
+fn election(
+    sup: &Supervisor,
+    args: &Args,
+    local: &Client,
+    identity: &str,
+    metrics: &Metrics,
+) -> (Leadership, tokio::task::JoinHandle<()>) {
+    let lease_cfg = LeaseConfig {
+        namespace: args.namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity.to_string(),
+        duration: args.lease_duration(),
+    };
+    let leader_metric = metrics.leader.clone();
+    let (leader, election) =
+        lease::elect(local.clone(), lease_cfg, sup.shutdown_token(), move |l| {
+            leader_metric.set(i64::from(l));
+        });
+    (leader, sup.spawn("lease", election))
+}
+
+/// The static remote (flags), with its cluster id: recorded on its followers and as the MCS
+/// source-cluster of its slices; a remote that does not answer at start is read without it.
+async fn static_remotes(
+    sup: &Supervisor,
+    rt: &Arc<Runtime>,
+    clients: &clients::Clients,
+    args: &Args,
+) {
+    for remote in &clients.remotes {
+        let id = remote_secrets::cluster_id(&remote.client, STATIC_ID_WAIT)
+            .await
+            .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
+            .ok();
+        let stale_after = args.remote_stale_after_seconds.map(Duration::from_secs);
+        join(sup, rt, remote, (id, stale_after), Origin::Static, args);
+    }
+}
+
+/// /healthz, /readyz, /metrics; a server that fails ends the process.
+fn admin_server(
+    sup: &Supervisor,
+    listener: tokio::net::TcpListener,
+    ctx: &Ctx,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) {
+    let admin_state = Arc::new(AdminState {
+        metrics: Arc::clone(metrics),
+        remotes: Arc::clone(&ctx.remotes),
+        local: Arc::clone(&ctx.local),
+    });
+    let serve = admin::serve(listener, admin_state, shutdown.clone());
+    let admin_sup = sup.clone();
+    sup.spawn("admin server", async move {
+        if let Err(e) = serve.await {
+            admin_sup.fail(format!("admin server: {e}"));
+        }
+    });
 }
 
 /// What every reconcile shares: caches, the writer, Events, metrics.

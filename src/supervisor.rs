@@ -96,6 +96,11 @@ impl Supervisor {
         self.shutdown.child_token()
     }
 
+    /// The process's shutdown.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
     /// Records the first failure and starts the shutdown.
     pub fn fail(&self, why: String) {
         error!("{why}; shutting down");
