@@ -607,6 +607,14 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
         .await
         .unwrap();
     east.create(&pp, &leader("clash", 80)).await.unwrap();
+    // one leader per other conflict kind: type (ClusterIP vs headless; ExternalName vs
+    // ClusterIP), session affinity
+    let http = json!([{"name": "http", "port": 80}]);
+    east.create(&pp, &leader("kind-type", 80)).await.unwrap();
+    let external = json!({"metadata": {"name": "kind-ext", "labels": {KEY: "true"}},
+                          "spec": {"type": "ExternalName", "externalName": "db.example.com"}});
+    east.create(&pp, &obj(external)).await.unwrap();
+    east.create(&pp, &leader("kind-aff", 80)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await; // creationTimestamps have 1 s steps
     let both_south = json!([{"name": "http", "port": 80}, {"name": "metrics", "port": 9100}]);
     south
@@ -619,6 +627,17 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
         .unwrap();
     south.create(&pp, &leader("clash", 81)).await.unwrap();
     south.create(&pp, &leader("only-south", 80)).await.unwrap();
+    let headless = json!({"metadata": {"name": "kind-type", "labels": {KEY: "true"}},
+                          "spec": {"clusterIP": "None", "ports": http}});
+    south.create(&pp, &obj(headless)).await.unwrap();
+    south.create(&pp, &leader("kind-ext", 80)).await.unwrap();
+    south_sl
+        .create(&pp, &remote_slice("kind-ext", "kind-ext-s", "10.2.0.9"))
+        .await
+        .unwrap();
+    let affinity = json!({"metadata": {"name": "kind-aff", "labels": {KEY: "true"}},
+                          "spec": {"sessionAffinity": "ClientIP", "ports": http}});
+    south.create(&pp, &obj(affinity)).await.unwrap();
     decoy(&west).await;
     let d = daemon(&ns.name).await;
 
@@ -685,6 +704,34 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
     )
     .await;
     eventually("only-south mirrored", WAIT, || present(&west, "only-south")).await;
+    // every other conflict kind: east's (older) fields win, south's counted
+    d.wait_metric(
+        "xcc_export_conflicts",
+        &["remote=\"south\"", "kind=\"type\""],
+        2.0,
+    )
+    .await;
+    d.wait_metric(
+        "xcc_export_conflicts",
+        &["remote=\"south\"", "kind=\"session_affinity\""],
+        1.0,
+    )
+    .await;
+    let spec = |s: Service| s.spec.unwrap_or_default();
+    let t = spec(west.get("kind-type").await.unwrap());
+    assert_ne!(
+        t.cluster_ip.as_deref(),
+        Some("None"),
+        "east's ClusterIP, not headless"
+    );
+    let e = spec(west.get("kind-ext").await.unwrap());
+    assert_eq!(e.external_name.as_deref(), Some("db.example.com"));
+    assert!(
+        sources(&west_sl, "kind-ext").await.unwrap().is_empty(),
+        "an ExternalName follower takes no endpoints"
+    );
+    let a = spec(west.get("kind-aff").await.unwrap());
+    assert_eq!(a.session_affinity.as_deref(), Some("None"));
     let lc = client(LOCAL).await;
     let before = snapshot(&lc, &[&ns.name]).await;
 
@@ -745,10 +792,10 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
         Report {
             id: "41-merged-follower-two-remotes",
             scenario: "One Service exported by two remotes: one follower, per-remote slices, conflicts, each remote leaving alone",
-            done: "east and south both export `both` (south adds a port) and `clash` (same port name, another number; east older); south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
+            done: "east and south both export `both` (south adds a port), `clash` (same port name, another number), `kind-type` (south headless), `kind-ext` (east ExternalName, south ClusterIP with endpoints) and `kind-aff` (south ClientIP affinity), east's leaders older; south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
             converge: Some(merged_in),
             note: format!(
-                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid",
+                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; east's type, ExternalName (no endpoints) and affinity kept, kind=type 2 and kind=session_affinity 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid",
                 left.as_secs_f64()
             ),
         },
