@@ -14,41 +14,12 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{BIN, Daemon, with_args};
+use support::tools::{CHART, helm, run, template, tool};
 use support::{
-    LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, ports_are, present, repo_root,
+    LOCAL, REMOTE, bed, client, eventually, namespace, obj, ports_are, present, repo_root,
 };
 
-const CHART: &str = "charts/cross-cluster-controller";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn tool(name: &str) -> PathBuf {
-    let env = bed_cmd(&["env"]);
-    let bin = env
-        .lines()
-        .find_map(|l| l.strip_prefix("export XCC_TESTBED_BIN="))
-        .map(|v| v.trim_matches('\'').to_string())
-        .expect("bed env names the binaries");
-    Path::new(&bin).join(name)
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("run a command");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-fn helm(kubeconfig: &Path) -> Command {
-    let mut c = Command::new(tool("helm"));
-    c.current_dir(repo_root())
-        .env("KUBECONFIG", kubeconfig)
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("xcc-helm"));
-    c
-}
 
 /// A daemon as the release installed in `ns` runs it (its Lease, its namespace), reading `remote`.
 fn release_args(ns: &str, release: &str, remote: &str) -> Vec<String> {
@@ -110,32 +81,6 @@ async fn the_rendered_manifests_are_accepted_by_the_api_server() {
             "-f",
         ])
         .arg(&file));
-}
-
-/// `helm template` of the chart with `sets`: its documents, or helm's error.
-fn template(kubeconfig: &Path, sets: &[&str]) -> Result<Vec<serde_yaml::Value>, String> {
-    let mut cmd = helm(kubeconfig);
-    cmd.args([
-        "template",
-        "cross-cluster-controller",
-        CHART,
-        "--namespace",
-        "fair-system",
-        "--kube-version",
-        "1.34.4",
-    ]);
-    for set in sets {
-        cmd.args(["--set", set]);
-    }
-    let out = cmd.output().expect("run helm");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).to_string());
-    }
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    Ok(serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .filter(|v: &serde_yaml::Value| !v.is_null())
-        .collect())
 }
 
 /// What a render gives the daemon about its remotes: the env values it reads them from, the

@@ -16,7 +16,8 @@ pub struct Daemon {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -137,21 +138,7 @@ impl Daemon {
     }
 
     fn get(&self, path: &str) -> Result<(u16, String), String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.admin)).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).map_err(|e| e.to_string())?;
-        let code = body
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let text = body
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, text))
+        http_get(self.admin, path, Duration::from_secs(5))
     }
 
     /// The /metrics page; a failed scrape is an error, never an empty page (which would read
@@ -289,6 +276,25 @@ impl Daemon {
         let _ = c.kill();
         c.wait().ok().and_then(|s| s.code())
     }
+}
+
+/// A plain HTTP/1.0 GET on a loopback port: (status code, body).
+pub fn http_get(port: u16, path: &str, timeout: Duration) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).ok();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    let code = body
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, text))
 }
 
 impl Drop for Daemon {

@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod fault;
 pub mod proxy;
 pub mod remotes;
+pub mod tools;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -114,3 +114,13 @@ looks for (`<serviceAccount>-<namespace>`), so that it reuses these instead of c
 {{- fail "remoteReader.serviceAccountName must differ from the controller's ServiceAccount" }}
 {{- end }}
 {{- end }}
+
+{{/* PromQL label matchers (no braces) that pick this release's series: prometheusRule.selector,
+else the labels the Prometheus Operator gives the targets of the chart's ServiceMonitor. */}}
+{{- define "ccc.seriesSelector" -}}
+{{- if .Values.prometheusRule.selector }}
+{{- .Values.prometheusRule.selector }}
+{{- else }}
+{{- printf "job=%q,namespace=%q" (printf "%s-metrics" (include "ccc.fullname" .)) .Release.Namespace }}
+{{- end }}
+{{- end }}
