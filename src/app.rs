@@ -133,9 +133,16 @@ fn log_start(
     identity: &str,
     listener: &tokio::net::TcpListener,
 ) {
+    let local = if args.devmode {
+        "kubeconfig (dev mode)"
+    } else {
+        "in-cluster (service account token and CA, KUBERNETES_SERVICE_HOST/PORT)"
+    };
     info!(
         version = env!("CARGO_PKG_VERSION"),
         identity = %identity,
+        local,
+        local_server = %clients.local_authority,
         remote = %clients.remotes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
         label_key = %args.label_key,
         dry_run = args.dry_run,

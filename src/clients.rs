@@ -62,18 +62,14 @@ async fn read_kubeconfig(path: Option<&Path>, what: &str) -> Result<Kubeconfig> 
 pub async fn local_config(args: &Args) -> Result<Config> {
     if args.devmode {
         let kc = read_kubeconfig(None, "local (dev mode, default)").await?;
-        let cfg = from_kubeconfig(kc, args.local_context.as_deref(), "local cluster").await?;
-        tracing::info!(server = %cfg.cluster_url, context = ?args.local_context, "local cluster: kubeconfig (dev mode)");
-        Ok(cfg)
+        from_kubeconfig(kc, args.local_context.as_deref(), "local cluster").await
     } else {
-        let cfg = Config::incluster().map_err(|e| {
+        Config::incluster().map_err(|e| {
             config_err(
                 "local cluster (in-cluster service account; use --devmode outside a pod)",
                 e,
             )
-        })?;
-        tracing::info!(server = %cfg.cluster_url, "local cluster: in-cluster configuration (service account token and CA, KUBERNETES_SERVICE_HOST/PORT)");
-        Ok(cfg)
+        })
     }
 }
 
