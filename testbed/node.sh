@@ -256,8 +256,11 @@ wait_node_ready() {
   local c=$1 nd n deadline=$((SECONDS + ${XCC_TESTBED_NODE_TIMEOUT:-120})) st=""
   nd=$(node_dir "$c")
   n=$(node_name "$c")
+  node_ports "$c"
   while :; do
-    if node_addresses "$c"; then
+    # the kubelet itself answers (a Ready condition can be left over from before a restart)
+    if curl -sf --max-time 2 "http://127.0.0.1:$kubelet_healthz/healthz" >/dev/null 2>&1 &&
+      node_addresses "$c"; then
       st=$("$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig" get node "$n" \
         -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
       [ "$st" = True ] && return 0
