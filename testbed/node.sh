@@ -107,7 +107,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         # cgroup v1 host, no systemd: the cgroupfs driver (kubelet's cgroupDriver matches)
         SystemdCgroup = false
 EOF
-  cat >"$nd/cni/10-loopback.conflist" <<EOF
+  # written once: containerd watches the directory and would read it half-written on a restart
+  [ -f "$nd/cni/10-loopback.conflist" ] || cat >"$nd/cni/10-loopback.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "testbed-loopback", "plugins": [{"type": "loopback"}]}
 EOF
   cat >"$nd/kubelet.kubeconfig" <<EOF
