@@ -2,6 +2,10 @@
 # Builds kube-apiserver, kube-controller-manager, kubectl, etcd and helm from the published Go
 # modules with this machine's Go toolchain, into a cache keyed by version (outside the repo).
 # A second run with the same versions returns at once.
+#
+#   testbed/build.sh         the control-plane binaries every cluster of the bed runs
+#   testbed/build.sh node    those, and kubelet and kube-scheduler (same module, same version),
+#                            which only a cluster with a node (testbed/bed node NAME) needs
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -9,6 +13,8 @@ source "$here/versions.env"
 cache=${XCC_CACHE:-$HOME/.cache/cross-cluster-controller}
 bin="$cache/bin/k8s-v$K8S_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
 want=(kube-apiserver kube-controller-manager kubectl etcd helm)
+node_want=(kubelet kube-scheduler)
+[ "${1:-}" = node ] && want+=("${node_want[@]}")
 
 have_all() { for b in "${want[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 if have_all; then echo "$bin"; exit 0; fi
@@ -23,9 +29,9 @@ log() { echo "testbed build: $*" >&2; }
 
 # kube-apiserver, kube-controller-manager and kubectl come from k8s.io/kubernetes, whose go.mod
 # replaces every staging module with a local path; a wrapper module replaces them with the
-# published v0.Y.Z versions instead.
+# published v0.Y.Z versions instead. Arguments: the commands (under k8s.io/kubernetes/cmd/).
 build_kubernetes() {
-  local v=$K8S_VERSION minor_v="v0.${K8S_VERSION#1.}" d="$work/kubernetes"
+  local v=$K8S_VERSION minor_v="v0.${K8S_VERSION#1.}" d="$work/kubernetes" cmds=("$@")
   mkdir -p "$d"
   log "fetching k8s.io/kubernetes v$v"
   local gomod
@@ -39,7 +45,7 @@ build_kubernetes() {
     sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*#replace \1 => \1 '"$minor_v"'#p' "$gomod"
     # tool directives keep the requirement (and its exact version) through go mod tidy
     echo "tool ("
-    printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kubectl
+    printf '\tk8s.io/kubernetes/cmd/%s\n' "${cmds[@]}"
     echo ")"
   } >"$d/go.mod"
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$v \
@@ -47,13 +53,10 @@ build_kubernetes() {
     -X k8s.io/component-base/version.gitMinor=$(echo "$v" | cut -d. -f2) \
     -X k8s.io/client-go/pkg/version.gitVersion=v$v \
     -X k8s.io/component-base/version.gitTreeState=clean"
-  log "building kube-apiserver, kube-controller-manager, kubectl v$v (several minutes when cold)"
+  log "building ${cmds[*]} v$v (several minutes when cold)"
   (cd "$d" && go mod tidy >&2 &&
    grep -qE "k8s.io/kubernetes v$v( |$)" go.mod &&
-   go build -trimpath -ldflags "$ldflags" -o "$bin/" \
-     k8s.io/kubernetes/cmd/kube-apiserver \
-     k8s.io/kubernetes/cmd/kube-controller-manager \
-     k8s.io/kubernetes/cmd/kubectl)
+   go build -trimpath -ldflags "$ldflags" -o "$bin/" "${cmds[@]/#/k8s.io/kubernetes/cmd/}")
 }
 
 build_etcd() {
@@ -71,7 +74,12 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
 }
 
-[ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ] || build_kubernetes
+[ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ] ||
+  build_kubernetes kube-apiserver kube-controller-manager kubectl
+if [ "${1:-}" = node ]; then
+  # CGO_ENABLED=0 as for the others: a static kubelet, nothing to link on the machine
+  [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] || build_kubernetes "${node_want[@]}"
+fi
 [ -x "$bin/etcd" ] || build_etcd
 [ -x "$bin/helm" ] || build_helm
 have_all || { echo "testbed build: some binaries are missing in $bin after the build" >&2; exit 1; }

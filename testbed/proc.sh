@@ -26,6 +26,16 @@ proc_state() {
   echo "${stat%% *}"
 }
 
+# proc_ppid PID: the parent's PID, empty if there is no such process.
+proc_ppid() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  # shellcheck disable=SC2086
+  set -- $stat
+  echo "$2"
+}
+
 # proc_record PID PIDFILE: writes "PID STARTTIME" for a process this shell just spawned (it is our
 # child, so its PID cannot be reused before we reap it; if it already ended, the file says so).
 proc_record() {

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod fault;
+pub mod node;
 pub mod proxy;
 pub mod remotes;
 pub mod tools;
