@@ -52,11 +52,56 @@ pub enum ReadBack {
 /// versions and addresses; against the first object of the listing as a dictionary each
 /// compresses to a fraction. Compressing costs microseconds a write; a reconcile decompresses
 /// the few objects of its own key before decoding them, a small part of the decoding.
+///
+/// Name, version and compressed JSON are one allocation (three were about 100 bytes more an
+/// object, 4 MiB at 40,000 objects).
 struct Entry {
-    name: Box<str>,
-    version: Option<Box<str>>,
-    /// the JSON's length (4 bytes, little endian), then its LZ4 block
-    packed: Box<[u8]>,
+    /// the name, the resourceVersion, then the packed JSON: the JSON's length (4 bytes, little
+    /// endian) and its LZ4 block
+    data: Box<[u8]>,
+    name_len: u32,
+    /// u32::MAX: no resourceVersion
+    version_len: u32,
+}
+
+impl Entry {
+    fn new(name: &str, version: Option<&str>, packed: &[u8]) -> Self {
+        let version_bytes = version.unwrap_or_default().as_bytes();
+        let mut data = Vec::with_capacity(name.len() + version_bytes.len() + packed.len());
+        data.extend_from_slice(name.as_bytes());
+        data.extend_from_slice(version_bytes);
+        data.extend_from_slice(packed);
+        let len = |s: &str| u32::try_from(s.len()).unwrap_or(u32::MAX);
+        Self {
+            data: data.into_boxed_slice(),
+            name_len: len(name),
+            version_len: version.map_or(u32::MAX, len),
+        }
+    }
+
+    fn name(&self) -> &str {
+        let end = (self.name_len as usize).min(self.data.len());
+        std::str::from_utf8(&self.data[..end]).unwrap_or_default()
+    }
+
+    fn version(&self) -> Option<&str> {
+        if self.version_len == u32::MAX {
+            return None;
+        }
+        let start = (self.name_len as usize).min(self.data.len());
+        let end = (start + self.version_len as usize).min(self.data.len());
+        std::str::from_utf8(&self.data[start..end]).ok()
+    }
+
+    fn packed(&self) -> &[u8] {
+        let version = if self.version_len == u32::MAX {
+            0
+        } else {
+            self.version_len as usize
+        };
+        let start = (self.name_len as usize + version).min(self.data.len());
+        &self.data[start..]
+    }
 }
 
 /// The largest JSON an entry may claim to unpack to: far above any object the API server
@@ -137,12 +182,12 @@ impl Store {
         version.is_some()
             && self
                 .member(group, name)
-                .is_some_and(|e| e.version.as_deref() == version)
+                .is_some_and(|e| e.version() == version)
     }
 
     /// The object `name` among the members of `group`.
     fn member(&self, group: &GroupKey, name: &str) -> Option<&Entry> {
-        self.groups.get(group)?.iter().find(|e| &*e.name == name)
+        self.groups.get(group)?.iter().find(|e| e.name() == name)
     }
 
     /// Stores the object; returns the groups whose content changed: the object's group and, if
@@ -175,14 +220,18 @@ impl Store {
         // deleted because of it (leaving it out would make its leader look gone)
         let json = serde_json::to_vec(&obj).unwrap_or_default();
         let dict = self.dict.get_or_insert_with(|| json.as_slice().into());
-        let entry = Entry {
-            name: name.as_str().into(),
-            version: obj.meta().resource_version.as_deref().map(Into::into),
-            packed: pack(&json, dict),
-        };
+        let entry = Entry::new(
+            &name,
+            obj.meta().resource_version.as_deref(),
+            &pack(&json, dict),
+        );
         let key = (ns.clone(), group.clone());
-        let members = self.groups.entry(key.clone()).or_default();
-        match members.binary_search_by(|e| (*e.name).cmp(name.as_str())) {
+        // most groups have one member: a Vec would reserve four at its first push
+        let members = self
+            .groups
+            .entry(key.clone())
+            .or_insert_with(|| Vec::with_capacity(1));
+        match members.binary_search_by(|e| e.name().cmp(name.as_str())) {
             Ok(i) => members[i] = entry,
             Err(i) => members.insert(i, entry),
         }
@@ -201,7 +250,7 @@ impl Store {
         self.located.remove(&(ns.to_string(), name.to_string()));
         let key = (ns.to_string(), group);
         if let Some(members) = self.groups.get_mut(&key) {
-            members.retain(|e| &*e.name != name);
+            members.retain(|e| e.name() != name);
             if members.is_empty() {
                 self.groups.remove(&key);
             }
@@ -343,7 +392,7 @@ impl<K: Resource + Serialize + DeserializeOwned> Cache<K> {
         };
         members
             .iter()
-            .find(|e| *e.name == *key.1)
+            .find(|e| e.name() == key.1)
             .map(|e| decode(&key.0, e, self.store.dict()))
             .transpose()
     }
@@ -354,12 +403,12 @@ fn decode<K: DeserializeOwned>(
     e: &Entry,
     dict: &[u8],
 ) -> Result<Arc<K>, CacheError> {
-    unpack(&e.packed, dict)
+    unpack(e.packed(), dict)
         .and_then(|json| Ok(serde_json::from_slice(&json)?))
         .map(Arc::new)
         .map_err(|source| CacheError {
             namespace: namespace.to_string(),
-            name: e.name.to_string(),
+            name: e.name().to_string(),
             source,
         })
 }
@@ -368,9 +417,9 @@ fn changed_groups(
     old: &HashMap<GroupKey, Members>,
     new: &HashMap<GroupKey, Members>,
 ) -> Vec<GroupKey> {
-    let versions = |m: &Members| -> Vec<(Box<str>, Option<Box<str>>)> {
+    let versions = |m: &Members| -> Vec<(String, Option<String>)> {
         m.iter()
-            .map(|e| (e.name.clone(), e.version.clone()))
+            .map(|e| (e.name().to_string(), e.version().map(str::to_string)))
             .collect()
     };
     let all: HashSet<&GroupKey> = old.keys().chain(new.keys()).collect();
@@ -599,7 +648,7 @@ mod tests {
             .groups
             .values()
             .flatten()
-            .map(|e| e.packed.len())
+            .map(|e| e.packed().len())
             .sum();
         assert!(
             held * 3 < json,
@@ -623,24 +672,43 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_holds_name_version_and_data_apart() {
+        let e = Entry::new("web-1", Some("42"), b"packed");
+        assert_eq!(
+            (e.name(), e.version(), e.packed()),
+            ("web-1", Some("42"), &b"packed"[..])
+        );
+        let e = Entry::new("web-1", None, b"");
+        assert_eq!(
+            (e.name(), e.version(), e.packed()),
+            ("web-1", None, &b""[..])
+        );
+        let e = Entry::new("web-1", Some(""), b"p");
+        assert_eq!(
+            (e.name(), e.version(), e.packed()),
+            ("web-1", Some(""), &b"p"[..])
+        );
+    }
+
+    #[test]
     fn an_unreadable_entry_is_an_error_not_an_absence() {
         let mut c = Cache::new(by_name::<Service>);
         c.apply(Event::Apply(svc("a", "x", "1")));
         let dict = c.store.dict().to_vec();
         if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-            m[0].packed = pack(b"{not json", &dict);
+            m[0] = Entry::new("x", Some("1"), &pack(b"{not json", &dict));
         }
         assert!(c.named(&key("a", "x")).is_err());
         // damaged compressed data, and a length far beyond any object
         for damaged in [&b"\x09\0\0\0\xff\xff"[..], b"\xff\xff\xff\xff{not", b"{n"] {
             if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-                m[0].packed = damaged.into();
+                m[0] = Entry::new("x", Some("1"), damaged);
             }
             assert!(c.named(&key("a", "x")).is_err());
         }
         // what an object that failed to serialize is held as
         if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-            m[0].packed = Box::default();
+            m[0] = Entry::new("x", Some("1"), &[]);
         }
         assert!(c.named(&key("a", "x")).is_err());
     }
