@@ -7,6 +7,11 @@
 //! apiserver_request_total) and the writes during an idle period. One scenario also measures
 //! steady-state propagation lag at a fixed rate of endpoint changes, observed by a separate
 //! watcher on the local cluster. Results go to bench/results.{md,json} and bench/*.svg.
+//!
+//! `XCC_BENCH_MULTI=1` runs the scenarios with several remote clusters instead ([`multi`]);
+//! their results go to a section of their own in the same files.
+mod multi;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,6 +61,17 @@ fn service(name: &str, leader: bool) -> Service {
 }
 
 fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlice {
+    slice_named(svc, &format!("{svc}-abcde"), endpoints, seed, leader)
+}
+
+/// A slice of `svc` named `name`, its addresses derived from `seed`.
+fn slice_named(
+    svc: &str,
+    name: &str,
+    endpoints: usize,
+    seed: usize,
+    leader: bool,
+) -> EndpointSlice {
     let eps: Vec<Value> = (0..endpoints)
         .map(|i| {
             let n = seed * 100 + i;
@@ -67,7 +83,7 @@ fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlic
     if leader {
         labels[KEY] = json!("true");
     }
-    serde_json::from_value(json!({"metadata": {"name": format!("{svc}-abcde"), "labels": labels},
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
         "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": eps}))
     .expect("slice fixture")
 }
@@ -77,19 +93,27 @@ fn slice(svc: &str, endpoints: usize, seed: usize, leader: bool) -> EndpointSlic
 /// busy with them for minutes), and clean-up costs nothing. The bed is the one in
 /// $XCC_TESTBED_DIR, which scripts/bench points at a directory of its own.
 async fn fresh_bed(kc: &Path) -> Res<(Client, Client)> {
+    fresh_bed_of(&["east", "west"]).await?;
+    Ok((client(kc, "east").await?, client(kc, "west").await?))
+}
+
+/// A fresh test bed of these clusters (each one's context is its name).
+async fn fresh_bed_of(clusters: &[&str]) -> Res<()> {
     if std::env::var_os("XCC_TESTBED_DIR").is_none() {
         return Err("run the benchmark with scripts/bench: it resets a test bed of its own".into());
     }
     for cmd in ["down", "up"] {
+        let names: &[&str] = if cmd == "up" { clusters } else { &[] };
         let out = Command::new("bash")
             .args(["testbed/bed", cmd])
+            .args(names)
             .stderr(Stdio::inherit())
             .output()?;
         if !out.status.success() {
             return Err(format!("testbed/bed {cmd} failed").into());
         }
     }
-    Ok((client(kc, "east").await?, client(kc, "west").await?))
+    Ok(())
 }
 
 async fn create_ns(c: &Client, name: &str) -> Res<()> {
@@ -104,19 +128,55 @@ async fn create_ns(c: &Client, name: &str) -> Res<()> {
 /// Unlabelled ones (`leader` false) are named `other-N`, so they can sit beside the leaders.
 async fn write_all(c: &Client, ns: &str, n: usize, eps: usize, leader: bool) -> Res<f64> {
     let prefix = if leader { "svc" } else { "other" };
+    write_set(
+        c,
+        ns,
+        &Set {
+            prefix,
+            n,
+            eps,
+            leader,
+            seed: 0,
+            slices_each: 1,
+        },
+    )
+    .await
+}
+
+/// What [`write_set`] writes: Services `<prefix>-<i>` for i in 0..n, each with `slices_each`
+/// slices of `eps` endpoints (addresses from `seed + i`).
+struct Set<'a> {
+    prefix: &'a str,
+    n: usize,
+    eps: usize,
+    leader: bool,
+    seed: usize,
+    slices_each: usize,
+}
+
+/// Writes a [`Set`] as fast as the API server takes it (32 Services in flight, each followed by
+/// its slices); returns the seconds. One slice each is named `<service>-abcde`, more
+/// `<service>-abcde-<j>`.
+async fn write_set(c: &Client, ns: &str, set: &Set<'_>) -> Res<f64> {
     let svcs: Api<Service> = Api::namespaced(c.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
     let start = Instant::now();
-    stream::iter(0..n)
+    stream::iter(0..set.n)
         .map(|i| {
             let (svcs, slices) = (svcs.clone(), slices.clone());
             async move {
-                let name = format!("{prefix}-{i}");
-                svcs.create(&PostParams::default(), &service(&name, leader))
+                let name = format!("{}-{i}", set.prefix);
+                svcs.create(&PostParams::default(), &service(&name, set.leader))
                     .await?;
-                slices
-                    .create(&PostParams::default(), &slice(&name, eps, i, leader))
-                    .await?;
+                for j in 0..set.slices_each {
+                    let slice_name = match set.slices_each {
+                        1 => format!("{name}-abcde"),
+                        _ => format!("{name}-abcde-{j}"),
+                    };
+                    let seed = (set.seed + i) * set.slices_each + j;
+                    let s = slice_named(&name, &slice_name, set.eps, seed, set.leader);
+                    slices.create(&PostParams::default(), &s).await?;
+                }
                 Ok::<_, kube::Error>(())
             }
         })
@@ -131,6 +191,9 @@ async fn write_all(c: &Client, ns: &str, n: usize, eps: usize, leader: bool) -> 
 async fn api_writes(c: &Client) -> Res<f64> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = c.request_text(req).await?;
+    if !text.contains("\napiserver_request_total{") {
+        return Err("the API server's /metrics has no apiserver_request_total".into());
+    }
     Ok(text
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
@@ -158,32 +221,37 @@ struct Proc {
 }
 
 impl Proc {
-    fn stat(&self) -> (f64, f64, f64) {
+    /// Peak RSS (MiB), RSS now (MiB) and CPU seconds of the daemon, while it runs; an error
+    /// (never a zero) when they cannot be read, e.g. because it exited.
+    fn stat(&mut self) -> Res<(f64, f64, f64)> {
+        if let Some(status) = self.child.try_wait()? {
+            return Err(format!("the daemon exited ({status}) before it was measured").into());
+        }
         let pid = self.child.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let kb = |k: &str| -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kb = |k: &str| -> Res<f64> {
             status
                 .lines()
                 .find(|l| l.starts_with(k))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-                .unwrap_or(0.0)
+                .ok_or_else(|| format!("no {k} in /proc/{pid}/status").into())
         };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
         let fields: Vec<&str> = stat
             .rsplit(')')
             .next()
             .unwrap_or("")
             .split_whitespace()
             .collect();
-        let ticks = |i: usize| {
+        let ticks = |i: usize| -> Res<f64> {
             fields
                 .get(i)
                 .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
+                .ok_or_else(|| format!("/proc/{pid}/stat has no field {i}").into())
         };
         // utime, stime are fields 14 and 15 of stat; after the ')' they are at 11 and 12
-        let cpu = (ticks(11) + ticks(12)) / 100.0;
-        (kb("VmHWM:") / 1024.0, kb("VmRSS:") / 1024.0, cpu)
+        let cpu = (ticks(11)? + ticks(12)?) / 100.0;
+        Ok((kb("VmHWM:")? / 1024.0, kb("VmRSS:")? / 1024.0, cpu))
     }
 }
 
@@ -206,34 +274,68 @@ impl Drop for Proc {
     }
 }
 
+/// The daemon with one static remote, east (`--remote-context east`).
 fn start_daemon(bin: &Path, kubeconfig: &Path, ns: &str, log: &Path) -> Res<Proc> {
+    let mut args: Vec<std::ffi::OsString> = ["--remote-context", "east", "--kubeconfig"]
+        .map(Into::into)
+        .into();
+    args.push(kubeconfig.into());
+    spawn_daemon(bin, kubeconfig, ns, &args, log)
+}
+
+/// The daemon (local cluster west, mirroring namespace `ns`, its Lease and remote Secrets in
+/// `ns` too) with `extra` arguments.
+fn spawn_daemon(
+    bin: &Path,
+    kubeconfig: &Path,
+    ns: &str,
+    extra: &[std::ffi::OsString],
+    log: &Path,
+) -> Res<Proc> {
     let out = std::fs::File::create(log)?;
     let child = Command::new(bin)
         .args([
             "--devmode",
             "--local-context",
             "west",
-            "--remote-context",
-            "east",
             "--namespace",
             ns,
             "--watch-namespace",
             ns,
         ])
         .args(["--workers", "32", "--admin-bind", "127.0.0.1:0"])
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
+        .args(extra)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "warn")
+        // a remote from the environment would be one the benchmark did not ask for
+        .env_remove("KUBECONFIG_PATH")
+        .env_remove("REMOTE_CONTEXT")
         .stdout(Stdio::from(out.try_clone()?))
         .stderr(Stdio::from(out))
         .spawn()?;
     Ok(Proc { child })
 }
 
+/// How many objects a [`counter`] sees: None until its watch has listed them once.
+type Count = tokio::sync::watch::Receiver<Option<usize>>;
+
 /// Number of objects matching the selector in the namespace, kept current by a metadata watch
 /// (polling listings at 10,000 objects would load the API server the daemon is measured on).
-fn counter<K>(c: &Client, ns: &str, selector: &str) -> tokio::sync::watch::Receiver<usize>
+fn counter<K>(c: &Client, ns: &str, selector: &str) -> Count
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    counter_where::<K>(c, ns, selector, |_| true)
+}
+
+/// A [`counter`] of the objects whose name passes `keep`. A relisting watch publishes nothing
+/// until its listing is complete, so a count never drops to zero because a watch restarted.
+fn counter_where<K>(c: &Client, ns: &str, selector: &str, keep: fn(&str) -> bool) -> Count
 where
     K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -244,22 +346,31 @@ where
 {
     let api: Api<PartialObjectMeta<K>> = Api::namespaced(c.clone(), ns);
     let cfg = watcher::Config::default().labels(selector);
-    let (tx, rx) = tokio::sync::watch::channel(0);
+    let (tx, rx) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         let mut names = std::collections::HashSet::new();
+        let mut relist: Option<std::collections::HashSet<String>> = None;
         let mut s = std::pin::pin!(watcher::watcher(api, cfg));
         while let Some(ev) = s.next().await {
+            let name = |m: PartialObjectMeta<K>| m.metadata.name.filter(|n| keep(n));
             match ev {
-                Ok(Event::Apply(m) | Event::InitApply(m)) => {
-                    names.insert(m.metadata.name.unwrap_or_default());
-                }
+                Ok(Event::Apply(m)) => names.extend(name(m)),
                 Ok(Event::Delete(m)) => {
-                    names.remove(&m.metadata.name.unwrap_or_default());
+                    if let Some(n) = name(m) {
+                        names.remove(&n);
+                    }
                 }
-                Ok(Event::Init) => names.clear(),
-                Ok(Event::InitDone) | Err(_) => {}
+                Ok(Event::Init) => relist = Some(Default::default()),
+                Ok(Event::InitApply(m)) => {
+                    if let Some(r) = relist.as_mut() {
+                        r.extend(name(m));
+                    }
+                    continue;
+                }
+                Ok(Event::InitDone) => names = relist.take().unwrap_or_default(),
+                Err(_) => continue,
             }
-            if tx.send(names.len()).is_err() {
+            if relist.is_none() && tx.send(Some(names.len())).is_err() {
                 return;
             }
         }
@@ -267,24 +378,29 @@ where
     rx
 }
 
+/// The current count of a [`counter`] (0 before its first listing, for messages only).
+fn now(c: &Count) -> usize {
+    c.borrow().unwrap_or(0)
+}
+
 /// Waits until both counters reach n.
-async fn both_reach(
-    a: &mut tokio::sync::watch::Receiver<usize>,
-    b: &mut tokio::sync::watch::Receiver<usize>,
-    n: usize,
-    limit: Duration,
-) -> Res<()> {
+async fn both_reach(a: &mut Count, b: &mut Count, n: usize, limit: Duration) -> Res<()> {
+    reach(a, n, b, n, limit).await
+}
+
+/// Waits until counter a reaches at least na and b at least nb.
+async fn reach(a: &mut Count, na: usize, b: &mut Count, nb: usize, limit: Duration) -> Res<()> {
     let wait = async {
-        a.wait_for(|v| *v >= n).await?;
-        b.wait_for(|v| *v >= n).await?;
+        a.wait_for(|v| v.is_some_and(|v| v >= na)).await?;
+        b.wait_for(|v| v.is_some_and(|v| v >= nb)).await?;
         Ok::<_, tokio::sync::watch::error::RecvError>(())
     };
     match tokio::time::timeout(limit, wait).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(format!(
-            "no convergence within {limit:?} ({} services, {} slices of {n})",
-            *a.borrow(),
-            *b.borrow()
+            "no convergence within {limit:?} ({} services of {na}, {} slices of {nb})",
+            now(a),
+            now(b)
         )
         .into()),
     }
@@ -343,7 +459,7 @@ async fn scenario(
     eprintln!("[{n} x {eps}] daemon");
     let writes_before = api_writes(west).await?;
     let dir = std::env::temp_dir();
-    let proc = start_daemon(bin, kc, &ns, &dir.join(format!("xcc-bench-{ns}.log")))?;
+    let mut proc = start_daemon(bin, kc, &ns, &dir.join(format!("xcc-bench-{ns}.log")))?;
     let start = Instant::now();
     let sel = format!("{KEY}=follower");
     let (mut svcs, mut slices) = (
@@ -359,7 +475,7 @@ async fn scenario(
     let idle_before = api_writes(west).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let idle = api_writes(west).await? - idle_before;
-    let (peak, steady, cpu) = proc.stat();
+    let (peak, steady, cpu) = proc.stat()?;
     drop(proc);
     Ok(Row {
         services: n,
@@ -386,6 +502,7 @@ struct Lag {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    #[serde(skip)]
     samples_ms: Vec<f64>,
 }
 
@@ -419,11 +536,30 @@ async fn lag(
         counter::<EndpointSlice>(west, &ns, &sel),
     );
     both_reach(&mut svcs, &mut slices, n, Duration::from_secs(600)).await?;
+    let remote = [(Api::namespaced(east.clone(), &ns), 0)];
+    let lag = churn(west, &ns, &remote, n, rate, secs).await?;
+    drop(proc);
+    Ok(lag)
+}
+
+/// The changes of a lag scenario: `rate` per second for `secs`, change i to the slice of
+/// Service `svc-<i mod n>` on remote `i mod R` (its two base addresses from the remote's seed
+/// base, plus one new address), timed from just before its update is sent to the new address's
+/// arrival in a local follower slice, seen by a separate watcher.
+async fn churn(
+    west: &Client,
+    ns: &str,
+    remotes: &[(Api<EndpointSlice>, usize)],
+    n: usize,
+    rate: u32,
+    secs: u64,
+) -> Res<Lag> {
+    let sel = format!("{KEY}=follower");
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let seen: Arc<Mutex<Vec<f64>>> = Arc::default();
     let watch = {
         let (sent, seen) = (Arc::clone(&sent), Arc::clone(&seen));
-        let api: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns);
+        let api: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
         tokio::spawn(async move {
             let mut s = std::pin::pin!(watcher::watcher(
                 api,
@@ -445,15 +581,15 @@ async fn lag(
             }
         })
     };
-    let slices: Api<EndpointSlice> = Api::namespaced(east.clone(), &ns);
     let total = (rate as u64 * secs) as usize;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     let mut handles = Vec::new();
     for i in 0..total {
         tick.tick().await;
+        let (slices, seed) = &remotes[i % remotes.len()];
         let svc = format!("svc-{}", i % n);
         let ip = format!("10.250.{}.{}", i / 250 % 250, i % 250 + 1);
-        let mut s = slice(&svc, 2, i % n, true);
+        let mut s = slice(&svc, 2, seed + i % n, true);
         s.endpoints.push(serde_json::from_value(
             json!({"addresses": [ip.clone()], "conditions": {"ready": true}}),
         )?);
@@ -474,7 +610,6 @@ async fn lag(
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     watch.abort();
-    drop(proc);
     let mut v = seen.lock().map(|v| v.clone()).unwrap_or_default();
     v.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| {
@@ -494,6 +629,24 @@ async fn lag(
         max_ms: q(1.0),
         samples_ms: v,
     })
+}
+
+/// A file's text, or empty when it does not exist.
+fn read_or_empty(path: &Path) -> Res<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// results.md split before its several-remotes section (if it has one).
+fn split_section(md: &str) -> (&str, Option<&str>) {
+    match md.find(&format!("\n{}\n", multi::SECTION)) {
+        Some(i) => (&md[..i + 1], Some(&md[i + 1..])),
+        None if md.starts_with(multi::SECTION) => ("", Some(md)),
+        None => (md, None),
+    }
 }
 
 fn svg_convergence(rows: &[Row]) -> String {
@@ -597,10 +750,17 @@ async fn main() -> Res<()> {
     );
     let bin = PathBuf::from(args.get(2).ok_or("binary")?);
     let out = PathBuf::from(args.get(3).ok_or("outdir")?);
+    let multi = std::env::var("XCC_BENCH_MULTI").as_deref() == Ok("1");
+    // several remotes: the sizes are Services per remote of the spread scenario (5 remotes)
+    let default_sizes = if multi {
+        vec![200, 1000, 2000]
+    } else {
+        vec![100, 1000, 10000]
+    };
     let sizes: Vec<usize> = args
         .get(4)
         .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
-        .unwrap_or(vec![100, 1000, 10000]);
+        .unwrap_or(default_sizes);
     let tag = format!(
         "{:x}",
         std::time::SystemTime::now()
@@ -608,6 +768,31 @@ async fn main() -> Res<()> {
             .as_secs()
             % 0xfffff
     );
+    if multi {
+        // Services per remote of the merged, join/leave and lag scenarios
+        let n: usize = match std::env::var("XCC_BENCH_MULTI_N") {
+            Ok(v) => v.parse()?,
+            Err(_) => 1000,
+        };
+        let res = multi::run(&bin, &kc, &sizes, n, &tag).await?;
+        let section = multi::markdown(&res, &sizes, n);
+        std::fs::create_dir_all(&out)?;
+        let md = read_or_empty(&out.join("results.md"))?;
+        let (before, _) = split_section(&md);
+        let md = format!("{}\n{section}", before.trim_end());
+        std::fs::write(out.join("results.md"), md.trim_start())?;
+        let mut json: Value = match read_or_empty(&out.join("results.json"))?.as_str() {
+            "" => json!({}),
+            text => serde_json::from_str(text)?,
+        };
+        json["multi"] = serde_json::to_value(&res)?;
+        std::fs::write(
+            out.join("results.json"),
+            serde_json::to_string_pretty(&json)?,
+        )?;
+        print!("{section}");
+        return Ok(());
+    }
     let started = Instant::now();
     let mut rows = Vec::new();
     // XCC_BENCH_ENDPOINTS=3 runs only the 3-endpoint scenarios (for a profile)
@@ -643,11 +828,18 @@ async fn main() -> Res<()> {
             }
         }
     }
-    let (east, west) = fresh_bed(&kc).await?;
-    let lag = lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag).await?;
+    // XCC_BENCH_LAG=0 leaves the lag scenario out (a memory experiment needs only the rows)
+    let lag = if std::env::var("XCC_BENCH_LAG").as_deref() == Ok("0") {
+        None
+    } else {
+        let (east, west) = fresh_bed(&kc).await?;
+        Some(lag(&bin, &kc, &east, &west, 1000, 50, 20, &tag).await?)
+    };
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("convergence.svg"), svg_convergence(&rows))?;
-    std::fs::write(out.join("lag.svg"), svg_lag(&lag))?;
+    if let Some(lag) = &lag {
+        std::fs::write(out.join("lag.svg"), svg_lag(lag))?;
+    }
     let mut md = String::from(
         "| services | unrelated slices | endpoints each | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
@@ -668,14 +860,37 @@ async fn main() -> Res<()> {
             r.idle_writes
         );
     }
-    md += &format!(
-        "\nPropagation lag at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
-        lag.rate_per_s, lag.services, lag.changes, lag.observed, lag.p50_ms, lag.p99_ms, lag.max_ms
-    );
+    if let Some(lag) = &lag {
+        md += &format!(
+            "\nPropagation lag at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
+            lag.rate_per_s,
+            lag.services,
+            lag.changes,
+            lag.observed,
+            lag.p50_ms,
+            lag.p99_ms,
+            lag.max_ms
+        );
+    }
     md += &format!("\nWhole run: {:.0} s.\n", started.elapsed().as_secs_f64());
-    std::fs::write(out.join("results.md"), &md)?;
-    let json = json!({"rows": rows, "lag": {"services": lag.services, "rate_per_s": lag.rate_per_s, "changes": lag.changes,
-        "observed": lag.observed, "p50_ms": lag.p50_ms, "p99_ms": lag.p99_ms, "max_ms": lag.max_ms}});
+    // the several-remotes section of an earlier XCC_BENCH_MULTI=1 run stays
+    let old = read_or_empty(&out.join("results.md"))?;
+    let (_, kept) = split_section(&old);
+    std::fs::write(
+        out.join("results.md"),
+        format!("{md}{}", kept.map(|k| format!("\n{k}")).unwrap_or_default()),
+    )?;
+    let lag = lag.map(|lag| {
+        json!({"services": lag.services, "rate_per_s": lag.rate_per_s, "changes": lag.changes,
+        "observed": lag.observed, "p50_ms": lag.p50_ms, "p99_ms": lag.p99_ms, "max_ms": lag.max_ms})
+    });
+    let mut json = json!({"rows": rows, "lag": lag});
+    if let Ok(text) = std::fs::read_to_string(out.join("results.json"))
+        && let Ok(old) = serde_json::from_str::<Value>(&text)
+        && let Some(m) = old.get("multi")
+    {
+        json["multi"] = m.clone();
+    }
     std::fs::write(
         out.join("results.json"),
         serde_json::to_string_pretty(&json)?,

@@ -1,0 +1,539 @@
+//! Scenarios with several remote clusters (`XCC_BENCH_MULTI=1 scripts/bench`), each on a fresh
+//! bed of its own (local cluster west, the remotes from [`REMOTES`]). The daemon reads every
+//! remote from a Secret (none static), as a fleet with several remotes is run:
+//!
+//! - **spread**: R remotes exporting N distinct Services each (R x N followers);
+//! - **merged**: R remotes exporting the same N Services (N followers with R slices each);
+//! - **join/leave**: a remote's Secret applied to a running daemon, then deleted;
+//! - **lag**: endpoint changes spread round-robin over R remotes that export the same Services.
+//!
+//! The floor of a convergence scenario is what the daemon has to write, written directly: a
+//! plain client creating the same number of local Services and EndpointSlices (32 in flight),
+//! as fast as the local API server takes them. Reading the remotes is the daemon's own cost and
+//! not in the floor.
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use k8s_openapi::api::core::v1::Secret;
+
+use super::*;
+
+/// The remotes' cluster (and context) names, in the order the scenarios take them.
+const REMOTES: [&str; 5] = ["east", "north", "south", "central", "edge"];
+
+/// Clients of a fresh bed of west and the first `r` remotes: (west, [(name, client)]).
+async fn bed_with(kc: &Path, r: usize) -> Res<(Client, Vec<(String, Client)>)> {
+    let mut clusters = vec!["west"];
+    clusters.extend(&REMOTES[..r]);
+    fresh_bed_of(&clusters).await?;
+    let mut remotes = Vec::new();
+    for name in &REMOTES[..r] {
+        remotes.push((name.to_string(), client(kc, name).await?));
+    }
+    Ok((client(kc, "west").await?, remotes))
+}
+
+/// The Secret that makes `remote` a remote of the daemon running in `ns`: the bed's kubeconfig
+/// with the remote's context current, labelled as the daemon selects remotes.
+fn remote_secret(kc: &Path, remote: &str) -> Res<Secret> {
+    let mut k = Kubeconfig::read_from(kc)?;
+    k.current_context = Some(remote.to_string());
+    let yaml = serde_yaml::to_string(&k)?;
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("remote-{remote}"),
+                     "labels": {"fair.com/cross-cluster-remote": "true",
+                                "fair.com/cross-cluster-name": remote}},
+        "stringData": {"kubeconfig": yaml}
+    }))?)
+}
+
+async fn apply_secret(west: &Client, ns: &str, kc: &Path, remote: &str) -> Res<()> {
+    Api::<Secret>::namespaced(west.clone(), ns)
+        .create(&PostParams::default(), &remote_secret(kc, remote)?)
+        .await?;
+    Ok(())
+}
+
+/// The daemon with no static remote: every remote comes from a Secret in `ns`.
+fn start_secrets_daemon(bin: &Path, kc: &Path, ns: &str, grace_s: u64) -> Res<Proc> {
+    let extra: Vec<std::ffi::OsString> = vec![
+        "--remote-removal-grace-seconds".into(),
+        grace_s.to_string().into(),
+    ];
+    let log = std::env::temp_dir().join(format!("xcc-bench-{ns}.log"));
+    spawn_daemon(bin, kc, ns, &extra, &log)
+}
+
+/// Creates `ns` in west and in every remote.
+async fn namespaces(west: &Client, remotes: &[(String, Client)], ns: &str) -> Res<()> {
+    create_ns(west, ns).await?;
+    for (_, c) in remotes {
+        create_ns(c, ns).await?;
+    }
+    Ok(())
+}
+
+/// Every remote writes its leaders at once (each remote is its own API server). Distinct:
+/// remote `r` names its Services `<r>-svc-<i>`; shared: every remote names them `svc-<i>`.
+/// Addresses differ between remotes either way.
+async fn write_leaders(
+    remotes: &[(String, Client)],
+    ns: &str,
+    n: usize,
+    eps: usize,
+    shared: bool,
+) -> Res<()> {
+    let writes = remotes
+        .iter()
+        .enumerate()
+        .map(|(ri, (name, c))| async move {
+            let prefix = if shared {
+                "svc".to_string()
+            } else {
+                format!("{name}-svc")
+            };
+            let set = Set {
+                prefix: &prefix,
+                n,
+                eps,
+                leader: true,
+                seed: ri * n,
+                slices_each: 1,
+            };
+            write_set(c, ns, &set).await
+        });
+    futures::future::try_join_all(writes).await?;
+    Ok(())
+}
+
+/// One convergence scenario with several remotes.
+#[derive(serde::Serialize, Clone)]
+pub struct Spread {
+    remotes: usize,
+    services_each: usize,
+    /// every remote exports the same Services (merged followers) rather than its own
+    shared: bool,
+    endpoints: usize,
+    /// local follower Services at convergence
+    followers: usize,
+    /// local follower EndpointSlices at convergence (one per remote per follower)
+    follower_slices: usize,
+    floor_s: f64,
+    converge_s: f64,
+    ratio: f64,
+    peak_mib: f64,
+    steady_mib: f64,
+    /// peak RSS divided by the thousands of followers
+    peak_mib_per_1000: f64,
+    cpu_s: f64,
+    api_writes: f64,
+    /// one write per local object: the minimum
+    min_writes: usize,
+    idle_writes: f64,
+    /// followers whose origin-clusters annotation names every remote that exports them
+    complete_followers: usize,
+}
+
+/// The follower Services in `ns` whose `origin-clusters` annotation names `want` remotes.
+async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize> {
+    let api: Api<Service> = Api::namespaced(west.clone(), ns);
+    let lp = kube::api::ListParams::default().labels(&format!("{KEY}=follower"));
+    let list = api.list_metadata(&lp).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("fair.com/cross-cluster-origin-clusters"))
+                .is_some_and(|v| v.split(',').filter(|r| !r.is_empty()).count() == want)
+        })
+        .count())
+}
+
+/// R remotes x N Services each, distinct or shared; the daemon starts with every remote's
+/// Secret in place and is timed from its start to the last follower object.
+pub async fn spread(
+    bin: &Path,
+    kc: &Path,
+    r: usize,
+    n: usize,
+    shared: bool,
+    tag: &str,
+) -> Res<Spread> {
+    let eps = 3;
+    let what = if shared { "merged" } else { "spread" };
+    let label = format!("[{what} {r} x {n}]");
+    let (west, remotes) = bed_with(kc, r).await?;
+    let ns = format!("bench-{what}-{tag}-{r}-{n}");
+    let floor_ns = format!("{ns}-floor");
+    namespaces(&west, &remotes, &ns).await?;
+    create_ns(&west, &floor_ns).await?;
+    eprintln!("{label} remote setup");
+    write_leaders(&remotes, &ns, n, eps, shared).await?;
+    let (followers, slices_each) = if shared { (n, r) } else { (r * n, 1) };
+    eprintln!("{label} floor: {followers} Services, {slices_each} slice(s) each");
+    let floor_set = Set {
+        prefix: "other",
+        n: followers,
+        eps,
+        leader: false,
+        seed: 0,
+        slices_each,
+    };
+    let floor = write_set(&west, &floor_ns, &floor_set).await?;
+    eprintln!("{label} floor took {floor:.1}s");
+    for (name, _) in &remotes {
+        apply_secret(&west, &ns, kc, name).await?;
+    }
+    let writes_before = api_writes(&west).await?;
+    let mut proc = start_secrets_daemon(bin, kc, &ns, 30)?;
+    let start = Instant::now();
+    let sel = format!("{KEY}=follower");
+    let (mut svcs, mut slices) = (
+        counter::<Service>(&west, &ns, &sel),
+        counter::<EndpointSlice>(&west, &ns, &sel),
+    );
+    let follower_slices = followers * slices_each;
+    let limit = Duration::from_secs(900);
+    reach(&mut svcs, followers, &mut slices, follower_slices, limit).await?;
+    let converge = start.elapsed().as_secs_f64();
+    let writes = api_writes(&west).await? - writes_before;
+    eprintln!("{label} converged in {converge:.2}s (floor {floor:.2}s); idle period");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle_before = api_writes(&west).await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = api_writes(&west).await? - idle_before;
+    let (peak, steady, cpu) = proc.stat()?;
+    let complete = followers_recording(&west, &ns, if shared { r } else { 1 }).await?;
+    drop(proc);
+    Ok(Spread {
+        remotes: r,
+        services_each: n,
+        shared,
+        endpoints: eps,
+        followers,
+        follower_slices,
+        floor_s: floor,
+        converge_s: converge,
+        ratio: converge / floor,
+        peak_mib: peak,
+        steady_mib: steady,
+        peak_mib_per_1000: peak / (followers as f64 / 1000.0),
+        cpu_s: cpu,
+        api_writes: writes,
+        min_writes: followers + follower_slices,
+        idle_writes: idle,
+        complete_followers: complete,
+    })
+}
+
+#[derive(serde::Serialize)]
+pub struct JoinLeave {
+    /// Services the remote the daemon converged on exports
+    base_services: usize,
+    /// Services the joining remote exports
+    joining_services: usize,
+    /// `--remote-removal-grace-seconds`
+    grace_s: u64,
+    /// from the Secret's create request sent to the first follower of the joining remote
+    first_follower_s: f64,
+    /// ... to every follower Service and slice of the joining remote
+    all_followers_s: f64,
+    /// from the Secret's delete request sent to no follower Service or slice of it left
+    clean_s: f64,
+    /// the fewest followers of the base remote (Services, slices) seen from its convergence to
+    /// the end: the base remote's are never to be touched
+    base_min_services: usize,
+    base_min_slices: usize,
+    peak_mib: f64,
+}
+
+/// Watches a counter and keeps the lowest value it shows from now on.
+fn lowest(mut c: Count) -> Arc<AtomicUsize> {
+    let low = Arc::new(AtomicUsize::new(now(&c)));
+    let out = Arc::clone(&low);
+    tokio::spawn(async move {
+        while c.changed().await.is_ok() {
+            let v = now(&c);
+            low.fetch_min(v, Ordering::SeqCst);
+        }
+    });
+    out
+}
+
+/// Waits until the counter drops to zero.
+async fn reach_zero(c: &mut Count, limit: Duration) -> Res<()> {
+    let waited = tokio::time::timeout(limit, c.wait_for(|v| *v == Some(0)))
+        .await
+        .map(|r| r.map(|_| ()));
+    match waited {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(format!("{} objects still there after {limit:?}", now(c)).into()),
+    }
+}
+
+/// The daemon runs and has converged on east (N Services); north (N other Services) joins by
+/// its Secret, then leaves by its deletion.
+pub async fn join_leave(
+    bin: &Path,
+    kc: &Path,
+    n: usize,
+    grace_s: u64,
+    tag: &str,
+) -> Res<JoinLeave> {
+    let (west, remotes) = bed_with(kc, 2).await?;
+    let ns = format!("bench-join-{tag}-{n}");
+    namespaces(&west, &remotes, &ns).await?;
+    eprintln!("[join/leave {n}] remote setup");
+    write_leaders(&remotes, &ns, n, 3, false).await?;
+    let (base, joining) = (&remotes[0].0, &remotes[1].0);
+    apply_secret(&west, &ns, kc, base).await?;
+    let mut proc = start_secrets_daemon(bin, kc, &ns, grace_s)?;
+    let sel = format!("{KEY}=follower");
+    let of = |remote: &str| format!("{sel},fair.com/cross-cluster-origin-cluster={remote}");
+    fn east(name: &str) -> bool {
+        name.starts_with("east-svc-")
+    }
+    fn north(name: &str) -> bool {
+        name.starts_with("north-svc-")
+    }
+    let (mut base_svcs, mut base_slices) = (
+        counter_where::<Service>(&west, &ns, &sel, east),
+        counter::<EndpointSlice>(&west, &ns, &of(base)),
+    );
+    let limit = Duration::from_secs(600);
+    both_reach(&mut base_svcs, &mut base_slices, n, limit).await?;
+    // the queue drains (passes caused by our own writes) before the join
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (low_svcs, low_slices) = (lowest(base_svcs.clone()), lowest(base_slices.clone()));
+    let (mut svcs, mut slices) = (
+        counter_where::<Service>(&west, &ns, &sel, north),
+        counter::<EndpointSlice>(&west, &ns, &of(joining)),
+    );
+    // both counters have listed (nothing of north yet) before the clock starts
+    reach(&mut svcs, 0, &mut slices, 0, limit).await?;
+    eprintln!("[join/leave {n}] {joining} joins");
+    let start = Instant::now();
+    apply_secret(&west, &ns, kc, joining).await?;
+    tokio::time::timeout(limit, svcs.wait_for(|v| v.is_some_and(|v| v >= 1))).await??;
+    let first = start.elapsed().as_secs_f64();
+    both_reach(&mut svcs, &mut slices, n, limit).await?;
+    let all = start.elapsed().as_secs_f64();
+    eprintln!(
+        "[join/leave {n}] joined: first follower {first:.2}s, all {all:.2}s; quiet, then {joining} leaves"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let start = Instant::now();
+    Api::<Secret>::namespaced(west.clone(), &ns)
+        .delete(&format!("remote-{joining}"), &Default::default())
+        .await?;
+    reach_zero(&mut svcs, limit).await?;
+    reach_zero(&mut slices, limit).await?;
+    let clean = start.elapsed().as_secs_f64();
+    eprintln!("[join/leave {n}] clean {clean:.2}s after the Secret's deletion (grace {grace_s}s)");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (peak, _, _) = proc.stat()?;
+    drop(proc);
+    Ok(JoinLeave {
+        base_services: n,
+        joining_services: n,
+        grace_s,
+        first_follower_s: first,
+        all_followers_s: all,
+        clean_s: clean,
+        base_min_services: low_svcs.load(Ordering::SeqCst),
+        base_min_slices: low_slices.load(Ordering::SeqCst),
+        peak_mib: peak,
+    })
+}
+
+#[derive(serde::Serialize)]
+pub struct MultiLag {
+    remotes: usize,
+    #[serde(flatten)]
+    lag: Lag,
+    /// Service and EndpointSlice writes on the local API server from the first change to 3 s
+    /// after the last (one slice update per change is the minimum)
+    api_writes: f64,
+}
+
+/// R remotes export the same N Services (merged followers); endpoint changes at a fixed total
+/// rate go round-robin to the remotes, each to one remote slice; a separate watcher on the
+/// local cluster times each new address's arrival in a follower slice.
+pub async fn lag_multi(
+    bin: &Path,
+    kc: &Path,
+    r: usize,
+    n: usize,
+    rate: u32,
+    secs: u64,
+    tag: &str,
+) -> Res<MultiLag> {
+    let (west, remotes) = bed_with(kc, r).await?;
+    let ns = format!("bench-mlag-{tag}-{n}");
+    namespaces(&west, &remotes, &ns).await?;
+    write_leaders(&remotes, &ns, n, 3, true).await?;
+    for (name, _) in &remotes {
+        apply_secret(&west, &ns, kc, name).await?;
+    }
+    let proc = start_secrets_daemon(bin, kc, &ns, 30)?;
+    let sel = format!("{KEY}=follower");
+    let (mut svcs, mut slices) = (
+        counter::<Service>(&west, &ns, &sel),
+        counter::<EndpointSlice>(&west, &ns, &sel),
+    );
+    reach(&mut svcs, n, &mut slices, n * r, Duration::from_secs(600)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let targets: Vec<(Api<EndpointSlice>, usize)> = remotes
+        .iter()
+        .enumerate()
+        .map(|(ri, (_, c))| (Api::namespaced(c.clone(), &ns), ri * n))
+        .collect();
+    let before = api_writes(&west).await?;
+    let lag = churn(&west, &ns, &targets, n, rate, secs).await?;
+    let writes = api_writes(&west).await? - before;
+    drop(proc);
+    Ok(MultiLag {
+        remotes: r,
+        lag,
+        api_writes: writes,
+    })
+}
+
+/// Results of one multi-remote run.
+#[derive(serde::Serialize)]
+pub struct Results {
+    spread: Vec<Spread>,
+    merged: Vec<Spread>,
+    join_leave: Option<JoinLeave>,
+    lag: Option<MultiLag>,
+    whole_run_s: f64,
+}
+
+/// The `## Several remotes` section of results.md.
+pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
+    let mut md = String::from(SECTION);
+    md += &format!(
+        "\n\n`XCC_BENCH_MULTI=1 scripts/bench {}` with `XCC_BENCH_MULTI_N={n}`; each scenario on a fresh bed (local cluster west; its remotes the first of {}), the daemon reading every remote from a Secret (none static), 32 workers, 3 endpoints per slice. Floor: a plain client writing the same number of local Services and EndpointSlices directly (32 in flight). Whole run: {:.0} s.\n",
+        sizes
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        REMOTES.join(", "),
+        res.whole_run_s
+    );
+    let table = |rows: &[Spread]| {
+        let mut t = String::from(
+            "\n| remotes | services each | followers | follower slices | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for r in rows {
+            t += &format!(
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} |\n",
+                r.remotes,
+                r.services_each,
+                r.followers,
+                r.follower_slices,
+                r.floor_s,
+                r.converge_s,
+                r.ratio,
+                r.peak_mib,
+                r.steady_mib,
+                r.peak_mib_per_1000,
+                r.cpu_s,
+                r.api_writes,
+                r.min_writes,
+                r.idle_writes,
+                r.complete_followers,
+                r.followers
+            );
+        }
+        t
+    };
+    if !res.spread.is_empty() {
+        md += "\n### Distinct Services on each remote\n";
+        md += &table(&res.spread);
+        if let (Some(a), Some(b)) = (res.spread.first(), res.spread.last())
+            && b.followers > a.followers
+        {
+            let slope = (b.peak_mib - a.peak_mib) / ((b.followers - a.followers) as f64 / 1000.0);
+            md += &format!(
+                "\nFrom {} to {} followers peak RSS grew {:.1} MiB: {slope:.2} MiB per 1,000 more followers (each with one slice).\n",
+                a.followers,
+                b.followers,
+                b.peak_mib - a.peak_mib
+            );
+        }
+    }
+    if !res.merged.is_empty() {
+        md += "\n### The same Services on every remote (merged followers)\n";
+        md += &table(&res.merged);
+    }
+    if let Some(j) = &res.join_leave {
+        md += &format!(
+            "\n### Join and leave\n\nThe daemon converged on east ({} Services); north ({} other Services) joins by its Secret, then leaves by its deletion, `--remote-removal-grace-seconds {}`.\n\n| Secret applied -> first follower (s) | -> all followers (s) | Secret deleted -> none left (s) | east's followers, fewest seen (Services, slices) | peak RSS (MiB) |\n|---:|---:|---:|---:|---:|\n| {:.2} | {:.2} | {:.2} | {}, {} of {} | {:.1} |\n",
+            j.base_services,
+            j.joining_services,
+            j.grace_s,
+            j.first_follower_s,
+            j.all_followers_s,
+            j.clean_s,
+            j.base_min_services,
+            j.base_min_slices,
+            j.base_services,
+            j.peak_mib
+        );
+    }
+    if let Some(l) = &res.lag {
+        md += &format!(
+            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum).\n",
+            l.remotes,
+            l.lag.rate_per_s,
+            l.remotes,
+            l.lag.services,
+            l.lag.changes,
+            l.lag.observed,
+            l.lag.p50_ms,
+            l.lag.p99_ms,
+            l.lag.max_ms,
+            l.api_writes
+        );
+    }
+    md
+}
+
+/// The heading that starts the multi-remote section of results.md.
+pub const SECTION: &str = "## Several remotes";
+
+/// Runs the multi-remote scenarios: spread at each per-remote size (5 remotes), then merged,
+/// join/leave and lag at `n` Services per remote.
+pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) -> Res<Results> {
+    let started = Instant::now();
+    let mut res = Results {
+        spread: Vec::new(),
+        merged: Vec::new(),
+        join_leave: None,
+        lag: None,
+        whole_run_s: 0.0,
+    };
+    for &size in sizes {
+        let row = spread(bin, kc, 5, size, false, tag).await?;
+        eprintln!("  -> {}", serde_json::to_string(&row)?);
+        res.spread.push(row);
+    }
+    let row = spread(bin, kc, 3, n, true, tag).await?;
+    eprintln!("  -> {}", serde_json::to_string(&row)?);
+    res.merged.push(row);
+    let j = join_leave(bin, kc, n, 0, tag).await?;
+    eprintln!("  -> {}", serde_json::to_string(&j)?);
+    res.join_leave = Some(j);
+    let l = lag_multi(bin, kc, 3, n, 50, 20, tag).await?;
+    eprintln!(
+        "  -> lag p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} of {} observed, {} writes",
+        l.lag.p50_ms, l.lag.p99_ms, l.lag.max_ms, l.lag.observed, l.lag.changes, l.api_writes
+    );
+    res.lag = Some(l);
+    res.whole_run_s = started.elapsed().as_secs_f64();
+    Ok(res)
+}
