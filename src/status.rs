@@ -349,9 +349,15 @@ async fn list_meta<K>(api: Api<K>, selector: &str) -> Result<Vec<ObjectMeta>, St
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    crate::sweeper::list_all(&api, selector, Duration::from_secs(30))
-        .await
-        .map_err(|e| format!("listing {}: {e}", K::kind(&())))
+    // status reads labels and annotations of each: whole metadata, without managedFields
+    crate::sweeper::list_all(&api, selector, Duration::from_secs(30), |m| {
+        Some(ObjectMeta {
+            managed_fields: None,
+            ..m
+        })
+    })
+    .await
+    .map_err(|e| format!("listing {}: {e}", K::kind(&())))
 }
 
 /// Reads the local cluster and prints the report; returns the exit code.
