@@ -555,8 +555,10 @@ async fn churn(
     secs: u64,
 ) -> Res<Lag> {
     let sel = format!("{KEY}=follower");
-    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let seen: Arc<Mutex<Vec<f64>>> = Arc::default();
+    // new address -> (sent at, change number)
+    let sent: Arc<Mutex<HashMap<String, (Instant, usize)>>> = Arc::default();
+    // (lag in ms, change number)
+    let seen: Arc<Mutex<Vec<(f64, usize)>>> = Arc::default();
     let watch = {
         let (sent, seen) = (Arc::clone(&sent), Arc::clone(&seen));
         let api: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
@@ -570,10 +572,11 @@ async fn churn(
                     let now = Instant::now();
                     for ep in &sl.endpoints {
                         for a in &ep.addresses {
-                            if let Some(t) = sent.lock().map(|mut m| m.remove(a)).ok().flatten()
+                            if let Some((t, i)) =
+                                sent.lock().map(|mut m| m.remove(a)).ok().flatten()
                                 && let Ok(mut v) = seen.lock()
                             {
-                                v.push(now.duration_since(t).as_secs_f64() * 1000.0);
+                                v.push((now.duration_since(t).as_secs_f64() * 1000.0, i));
                             }
                         }
                     }
@@ -599,7 +602,7 @@ async fn churn(
             if let Ok(mut cur) = slices.get(&name).await {
                 cur.endpoints = s.endpoints;
                 if let Ok(mut m) = sent.lock() {
-                    m.insert(ip, Instant::now());
+                    m.insert(ip, (Instant::now(), i));
                 }
                 let _ = slices.replace(&name, &PostParams::default(), &cur).await;
             }
@@ -610,7 +613,23 @@ async fn churn(
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     watch.abort();
-    let mut v = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    let seen = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    // the changes later than 100 ms, for a look at where a tail comes from
+    let slow: Vec<String> = seen
+        .iter()
+        .filter(|(ms, _)| *ms > 100.0)
+        .map(|(ms, i)| {
+            let at = *i as f64 / rate as f64;
+            format!(
+                "#{i} (remote {}, sent at {at:.2}s) {ms:.0}ms",
+                i % remotes.len()
+            )
+        })
+        .collect();
+    if !slow.is_empty() {
+        eprintln!("  changes later than 100 ms: {}", slow.join(", "));
+    }
+    let mut v: Vec<f64> = seen.iter().map(|(ms, _)| *ms).collect();
     v.sort_by(|a, b| a.total_cmp(b));
     let q = |p: f64| {
         if v.is_empty() {
@@ -779,7 +798,7 @@ async fn main() -> Res<()> {
         std::fs::create_dir_all(&out)?;
         let md = read_or_empty(&out.join("results.md"))?;
         let (before, _) = split_section(&md);
-        let md = format!("{}\n{section}", before.trim_end());
+        let md = format!("{}\n\n{section}", before.trim_end());
         std::fs::write(out.join("results.md"), md.trim_start())?;
         let mut json: Value = match read_or_empty(&out.join("results.json"))?.as_str() {
             "" => json!({}),

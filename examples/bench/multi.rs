@@ -356,6 +356,8 @@ pub struct MultiLag {
     /// Service and EndpointSlice writes on the local API server from the first change to 3 s
     /// after the last (one slice update per change is the minimum)
     api_writes: f64,
+    /// changes seen later than 100 ms
+    over_100ms: usize,
 }
 
 /// R remotes export the same N Services (merged followers); endpoint changes at a fixed total
@@ -396,6 +398,7 @@ pub async fn lag_multi(
     drop(proc);
     Ok(MultiLag {
         remotes: r,
+        over_100ms: lag.samples_ms.iter().filter(|v| **v > 100.0).count(),
         lag,
         api_writes: writes,
     })
@@ -415,7 +418,10 @@ pub struct Results {
 pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     let mut md = String::from(SECTION);
     md += &format!(
-        "\n\n`XCC_BENCH_MULTI=1 scripts/bench {}` with `XCC_BENCH_MULTI_N={n}`; each scenario on a fresh bed (local cluster west; its remotes the first of {}), the daemon reading every remote from a Secret (none static), 32 workers, 3 endpoints per slice. Floor: a plain client writing the same number of local Services and EndpointSlices directly (32 in flight). Whole run: {:.0} s.\n",
+        "\n\n`XCC_BENCH_MULTI=1{} scripts/bench {}` with `XCC_BENCH_MULTI_N={n}`; each scenario on a fresh bed (local cluster west; its remotes the first of {}), the daemon reading every remote from a Secret (none static), 32 workers, 3 endpoints per slice. Floor: a plain client writing the same number of local Services and EndpointSlices directly (32 in flight). Whole run: {:.0} s.\n",
+        std::env::var("XCC_BENCH_MULTI_ONLY")
+            .map(|o| format!(" XCC_BENCH_MULTI_ONLY={o}"))
+            .unwrap_or_default(),
         sizes
             .iter()
             .map(|s| s.to_string())
@@ -487,7 +493,7 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     }
     if let Some(l) = &res.lag {
         md += &format!(
-            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum).\n",
+            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum).\n",
             l.remotes,
             l.lag.rate_per_s,
             l.remotes,
@@ -497,6 +503,7 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             l.lag.p50_ms,
             l.lag.p99_ms,
             l.lag.max_ms,
+            l.over_100ms,
             l.api_writes
         );
     }
@@ -507,8 +514,14 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
 pub const SECTION: &str = "## Several remotes";
 
 /// Runs the multi-remote scenarios: spread at each per-remote size (5 remotes), then merged,
-/// join/leave and lag at `n` Services per remote.
+/// join/leave and lag at `n` Services per remote; `XCC_BENCH_MULTI_ONLY` (comma-separated:
+/// spread, merged, join, lag) runs only those named.
 pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) -> Res<Results> {
+    let only = std::env::var("XCC_BENCH_MULTI_ONLY").ok();
+    let runs = |s: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|x| x.trim() == s))
+    };
     let started = Instant::now();
     let mut res = Results {
         spread: Vec::new(),
@@ -517,23 +530,37 @@ pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) ->
         lag: None,
         whole_run_s: 0.0,
     };
-    for &size in sizes {
-        let row = spread(bin, kc, 5, size, false, tag).await?;
-        eprintln!("  -> {}", serde_json::to_string(&row)?);
-        res.spread.push(row);
+    if runs("spread") {
+        for &size in sizes {
+            let row = spread(bin, kc, 5, size, false, tag).await?;
+            eprintln!("  -> {}", serde_json::to_string(&row)?);
+            res.spread.push(row);
+        }
     }
-    let row = spread(bin, kc, 3, n, true, tag).await?;
-    eprintln!("  -> {}", serde_json::to_string(&row)?);
-    res.merged.push(row);
-    let j = join_leave(bin, kc, n, 0, tag).await?;
-    eprintln!("  -> {}", serde_json::to_string(&j)?);
-    res.join_leave = Some(j);
-    let l = lag_multi(bin, kc, 3, n, 50, 20, tag).await?;
-    eprintln!(
-        "  -> lag p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} of {} observed, {} writes",
-        l.lag.p50_ms, l.lag.p99_ms, l.lag.max_ms, l.lag.observed, l.lag.changes, l.api_writes
-    );
-    res.lag = Some(l);
+    if runs("merged") {
+        let row = spread(bin, kc, 3, n, true, tag).await?;
+        eprintln!("  -> {}", serde_json::to_string(&row)?);
+        res.merged.push(row);
+    }
+    if runs("join") {
+        let j = join_leave(bin, kc, n, 0, tag).await?;
+        eprintln!("  -> {}", serde_json::to_string(&j)?);
+        res.join_leave = Some(j);
+    }
+    if runs("lag") {
+        let l = lag_multi(bin, kc, 3, n, 50, 20, tag).await?;
+        eprintln!(
+            "  -> lag p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} of {} observed, {} over 100 ms, {} writes",
+            l.lag.p50_ms,
+            l.lag.p99_ms,
+            l.lag.max_ms,
+            l.lag.observed,
+            l.lag.changes,
+            l.over_100ms,
+            l.api_writes
+        );
+        res.lag = Some(l);
+    }
     res.whole_run_s = started.elapsed().as_secs_f64();
     Ok(res)
 }
