@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use support::daemon::{BIN, Daemon};
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::remotes::{
-    apply_secret, kubeconfig_of, leader, remote_secret, remote_slice, secrets_only_args,
+    apply_secret, export, kubeconfig_of, leader, remote_secret, secrets_only_args,
 };
 use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace_in, obj, present};
 
@@ -310,24 +310,11 @@ async fn conditions(
 async fn the_outage_policy_marks_a_long_unreachable_remote_not_ready_and_restores_it() {
     support::extra_cluster(FADE, "").await;
     let ns = namespace_in("outage-policy", &[REMOTE, LOCAL, FADE]).await;
-    let pp = PostParams::default();
-    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
-    let fade: Api<Service> = Api::namespaced(client(FADE).await, &ns.name);
-    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
-    let fade_sl: Api<EndpointSlice> = Api::namespaced(client(FADE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let west_sl: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&pp, &leader("both", 80)).await.unwrap();
-    east_sl
-        .create(&pp, &remote_slice("both", "both-e", "10.1.0.1"))
-        .await
-        .unwrap();
-    fade.create(&pp, &leader("both", 80)).await.unwrap();
-    fade_sl
-        .create(&pp, &remote_slice("both", "both-f", "10.4.0.1"))
-        .await
-        .unwrap();
+    export(REMOTE, &ns.name, "both", "both-e", "10.1.0.1").await;
+    export(FADE, &ns.name, "both", "both-f", "10.4.0.1").await;
     let d = Daemon::start_secrets_only(&secrets_only_args(&ns.name)).await;
     d.wait_leading().await;
     let kc = kubeconfig_of(REMOTE, |_| {}).await;

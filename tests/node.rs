@@ -13,6 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, EvictParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use support::daemon::free_port;
 use support::node::{import_image, kubectl, node_cluster, node_name, static_c_binary};
 use support::{absent, client, config, eventually, namespace_in, obj};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,13 +40,6 @@ fn ready(pod: &Pod) -> Result<(), String> {
             status.phase, status.conditions, status.container_statuses
         ))
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 async fn http_get(port: u16, path: &str) -> Result<String, String> {

@@ -19,7 +19,7 @@ use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::daemon::BIN;
+use support::daemon::{BIN, free_port};
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::node::{kubectl, node_cluster};
 use support::remotes::{leader, remote_slice};
@@ -117,13 +117,6 @@ fn container_pid(bed_dir: &Path, container_id: &str) -> String {
             (f.next() == Some(container_id)).then(|| f.next().map(str::to_string))?
         })
         .unwrap_or_else(|| panic!("no task {container_id} in:\n{out}"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use serde_json::json;
 use support::daemon::Daemon;
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::remotes::{
-    apply_secret, kubeconfig_of, leader, remote_secret, remote_slice, secrets_only_args,
+    apply_secret, export, kubeconfig_of, leader, remote_secret, remote_slice, secrets_only_args,
 };
 use support::{
     LOCAL, REMOTE, absent, bed, bed_cmd, client, eventually, namespace_in, obj, ports_are, present,
@@ -811,21 +811,11 @@ async fn a_remote_that_goes_down_deletes_nothing_while_the_others_keep_convergin
     let pp = PostParams::default();
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let lapse: Api<Service> = Api::namespaced(client(LAPSE).await, &ns.name);
-    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
-    let lapse_sl: Api<EndpointSlice> = Api::namespaced(client(LAPSE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let west_sl: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&pp, &leader("both", 80)).await.unwrap();
-    east_sl
-        .create(&pp, &remote_slice("both", "both-e", "10.1.0.1"))
-        .await
-        .unwrap();
-    lapse.create(&pp, &leader("both", 80)).await.unwrap();
-    lapse_sl
-        .create(&pp, &remote_slice("both", "both-l", "10.3.0.1"))
-        .await
-        .unwrap();
+    export(REMOTE, &ns.name, "both", "both-e", "10.1.0.1").await;
+    export(LAPSE, &ns.name, "both", "both-l", "10.3.0.1").await;
     lapse.create(&pp, &leader("only-lapse", 80)).await.unwrap();
     decoy(&west).await;
     let d = daemon(&ns.name).await;

@@ -85,3 +85,21 @@ pub fn remote_slice(
         "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
     }))
 }
+
+/// `svc` exported by the cluster of `context` in `ns`: its leader (port http 80) and one slice
+/// named `slice` with the endpoint `ip`.
+pub async fn export(context: &str, ns: &str, svc: &str, slice: &str, ip: &str) {
+    use kube::api::PostParams;
+    let c = super::client(context).await;
+    let pp = PostParams::default();
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), ns);
+    services
+        .create(&pp, &leader(svc, 80))
+        .await
+        .expect("leader");
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(c, ns);
+    slices
+        .create(&pp, &remote_slice(svc, slice, ip))
+        .await
+        .expect("remote slice");
+}
