@@ -243,7 +243,8 @@ fn context(
             leader.clone(),
             args.dry_run,
             Arc::clone(metrics),
-        ),
+        )
+        .with_deadline(args.api_timeout()),
         recorder: Recorder::new(
             local.clone(),
             Reporter {

@@ -19,9 +19,12 @@ use crate::queue::WorkQueue;
 use crate::reconcile::{self, Ctx, Key, Outcome};
 use crate::supervisor::panic_message;
 
+/// When a remote change was first seen, and from which remote.
+type Pending = (Instant, Arc<str>);
+
 pub struct Runtime {
-    /// when a remote change for a key was first seen and not yet written, and from which remote
-    pending_since: Mutex<HashMap<Key, (Instant, Arc<str>)>>,
+    /// per key, the first remote change seen since its last pass started
+    pending_since: Mutex<HashMap<Key, Pending>>,
     pub ctx: Arc<Ctx>,
     pub queue: Arc<WorkQueue<Key>>,
     pub leader: Leadership,
@@ -91,12 +94,28 @@ impl Runtime {
         (pending.len(), retries.len())
     }
 
-    fn settled(&self, key: &Key, wrote: bool) {
-        let since = self
-            .pending_since
+    /// The remote change a pass starting now answers (the first one seen since the last pass
+    /// started). Taken out, so a change arriving during the pass starts its own entry, measured
+    /// by the pass that follows (the queue runs a key changed mid-pass again).
+    fn take_pending(&self, key: &Key) -> Option<Pending> {
+        self.pending_since
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+            .remove(key)
+    }
+
+    /// A pass that failed answered nothing: its change waits for the retry, and the earliest
+    /// of it and one that came meanwhile is what the retry is measured from.
+    fn restore_pending(&self, key: &Key, since: Option<Pending>) {
+        let Some(since) = since else { return };
+        let mut pending = self.pending_since.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = pending.entry(key.clone()).or_insert_with(|| since.clone());
+        if since.0 < slot.0 {
+            *slot = since;
+        }
+    }
+
+    fn settled(&self, since: Option<Pending>, wrote: bool) {
         if let (true, Some((at, remote))) = (wrote, since) {
             self.ctx
                 .metrics
@@ -138,10 +157,10 @@ impl Runtime {
         self.dropped.swap(false, Ordering::SeqCst)
     }
 
-    /// A key set aside unreconciled: settled, and a full pass marked due.
+    /// A key set aside unreconciled: nothing measured, and a full pass marked due.
     fn drop_key(&self, key: &Key) {
         self.forget(key);
-        self.settled(key, false);
+        self.take_pending(key);
         self.dropped.store(true, Ordering::SeqCst);
     }
 
@@ -177,6 +196,7 @@ pub async fn run(rt: Arc<Runtime>) {
             rt.queue.done(&key);
             continue;
         }
+        let since = rt.take_pending(&key);
         let result = process(&rt.queue, &key, reconcile::reconcile(&rt.ctx, &key))
             .await
             .unwrap_or_else(|panic| {
@@ -188,9 +208,15 @@ pub async fn run(rt: Arc<Runtime>) {
             Ok(Outcome::NotReady) | Err(Error::NotLeader) => rt.drop_key(&key),
             Ok(outcome) => {
                 rt.forget(&key);
-                rt.settled(&key, matches!(outcome, Outcome::Applied | Outcome::Deleted));
+                rt.settled(
+                    since,
+                    matches!(outcome, Outcome::Applied | Outcome::Deleted),
+                );
             }
-            Err(e) => rt.retry(key, &e),
+            Err(e) => {
+                rt.restore_pending(&key, since);
+                rt.retry(key, &e);
+            }
         }
     }
 }
@@ -257,6 +283,28 @@ mod tests {
         assert_eq!(rt.tracked(), (0, 0));
         assert!(rt.take_dropped(), "a full pass is due once leading again");
         assert!(!rt.take_dropped(), "once");
+    }
+
+    #[tokio::test]
+    async fn a_change_seen_during_a_pass_is_measured_by_the_pass_after_it() {
+        let (rt, _tx) = runtime(true);
+        let remote = Arc::from(crate::fixtures::REMOTE);
+        let key = Key {
+            namespace: "shop".into(),
+            name: "s0".into(),
+        };
+        rt.remote_changed(&remote, changed(1));
+        let first = rt.take_pending(&key).expect("the change the pass answers");
+        assert_eq!(rt.tracked().0, 0, "taken out when the pass starts");
+        // a change during the pass: its own entry, not folded into the first one
+        rt.remote_changed(&remote, changed(1));
+        let second = rt.tracked();
+        assert_eq!(second.0, 1, "kept for the pass that follows");
+        // the pass failed: the retry is measured from the earliest change
+        rt.restore_pending(&key, Some(first.clone()));
+        let again = rt.take_pending(&key).expect("one entry");
+        assert_eq!(again.0, first.0);
+        assert!(rt.take_pending(&key).is_none(), "one entry per key");
     }
 
     #[tokio::test]

@@ -2,8 +2,12 @@
 //! right before it is sent, honours dry run, is logged on one line and counted.
 //! Replaces carry the resourceVersion they were computed from and deletes carry a uid
 //! precondition, so an object replaced meanwhile is never overwritten or deleted.
+//! Every request has a deadline: one left unanswered is abandoned as failed, and its key retried
+//! (a create that did land then meets AlreadyExists and takes the update path).
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::NamespaceResourceScope;
@@ -24,7 +28,13 @@ pub struct Writer {
     leader: Leadership,
     dry_run: bool,
     metrics: Arc<Metrics>,
+    /// a request not answered within this fails (the client's timeouts bound each connection
+    /// attempt and each read, not a whole answer that trickles in or a stalled stream)
+    deadline: Duration,
 }
+
+/// The deadline of a write unless [`Writer::with_deadline`] sets another.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 /// What a write did.
 pub enum Written<K> {
@@ -59,7 +69,12 @@ impl Writer {
             leader,
             dry_run,
             metrics,
+            deadline: DEADLINE,
         }
+    }
+
+    pub fn with_deadline(self, deadline: Duration) -> Self {
+        Self { deadline, ..self }
     }
 
     pub fn client(&self) -> &Client {
@@ -91,6 +106,25 @@ impl Writer {
             .inc();
     }
 
+    /// The request, failed as a timeout if it is not answered within the deadline.
+    async fn send<K: Local, T>(
+        &self,
+        verb: &str,
+        ns: &str,
+        name: &str,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> Result<kube::Result<T>> {
+        tokio::time::timeout(self.deadline, request)
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "{verb} {} {ns}/{name}: no answer within {:?}",
+                    K::KIND,
+                    self.deadline
+                ))
+            })
+    }
+
     fn pp() -> PostParams {
         PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -104,12 +138,22 @@ impl Writer {
         if !self.gate::<K>("create", &ns, &name)? {
             return Ok(Written::Skipped);
         }
-        let created = Api::<K>::namespaced(self.client.clone(), &ns)
-            .create(&Self::pp(), obj)
-            .await?;
+        let api = Api::<K>::namespaced(self.client.clone(), &ns);
+        let created = self
+            .send::<K, _>("create", &ns, &name, api.create(&Self::pp(), obj))
+            .await??;
         self.count::<K>("create");
         info!(kind = K::KIND, namespace = %ns, name = %name, "created");
         Ok(Written::Done(created))
+    }
+
+    /// Reads one local object live (what a create refused as existing holds), within the
+    /// deadline; None when it does not exist.
+    pub async fn get<K: Local>(&self, ns: &str, name: &str) -> Result<Option<K>> {
+        let api = Api::<K>::namespaced(self.client.clone(), ns);
+        Ok(self
+            .send::<K, _>("get", ns, name, api.get_opt(name))
+            .await??)
     }
 
     pub async fn replace<K: Local>(&self, obj: &K) -> Result<Written<K>> {
@@ -124,9 +168,10 @@ impl Writer {
         if !self.gate::<K>("update", &ns, &name)? {
             return Ok(Written::Skipped);
         }
-        let updated = Api::<K>::namespaced(self.client.clone(), &ns)
-            .replace(&name, &Self::pp(), obj)
-            .await?;
+        let api = Api::<K>::namespaced(self.client.clone(), &ns);
+        let updated = self
+            .send::<K, _>("update", &ns, &name, api.replace(&name, &Self::pp(), obj))
+            .await??;
         self.count::<K>("update");
         info!(kind = K::KIND, namespace = %ns, name = %name, "updated");
         Ok(Written::Done(updated))
@@ -144,9 +189,10 @@ impl Writer {
             }),
             ..DeleteParams::background()
         };
-        match Api::<K>::namespaced(self.client.clone(), ns)
-            .delete(name, &dp)
-            .await
+        let api = Api::<K>::namespaced(self.client.clone(), ns);
+        match self
+            .send::<K, _>("delete", ns, name, api.delete(name, &dp))
+            .await?
         {
             Ok(_) => {
                 self.count::<K>("delete");
@@ -247,6 +293,26 @@ mod tests {
         drop(lease);
         let created = run(&[&api], w.create(&web(None)), async {}).await;
         assert!(matches!(created, Err(Error::NotLeader)));
+    }
+
+    #[tokio::test]
+    async fn a_write_left_unanswered_fails_at_its_deadline_and_counts_nothing() {
+        let (w, api, _lease) = writer(true, false);
+        let w = w.with_deadline(std::time::Duration::from_millis(200));
+        let created = run(&[&api], w.create(&web(None)), async {
+            api.expect_hang(fixtures::post(SERVICES)).await;
+        })
+        .await;
+        assert!(
+            matches!(&created, Err(Error::Timeout(m)) if m.contains("create Service shop/web")),
+            "the key is freed and retried, not held for ever"
+        );
+        assert_eq!(writes(&w, "create"), 0);
+        let read = run(&[&api], w.get::<Service>("shop", "web"), async {
+            api.expect_hang(fixtures::get(WEB)).await;
+        })
+        .await;
+        assert!(matches!(read, Err(Error::Timeout(_))));
     }
 
     #[tokio::test]

@@ -306,7 +306,11 @@ fn spawn_daemon(
         .args(["--workers", "32", "--admin-bind", "127.0.0.1:0"])
         .args(extra)
         .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "warn")
+        // XCC_BENCH_RUST_LOG=info for a timeline of the daemon's writes (the log is kept in /tmp)
+        .env(
+            "RUST_LOG",
+            std::env::var("XCC_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         // a remote from the environment would be one the benchmark did not ask for
         .env_remove("KUBECONFIG_PATH")
         .env_remove("REMOTE_CONTEXT")

@@ -8,12 +8,24 @@
 //! - **lag**: endpoint changes spread round-robin over R remotes that export the same Services.
 //!
 //! The floor of a convergence scenario is what the daemon has to write, written directly: a
-//! plain client creating the same number of local Services and EndpointSlices (32 in flight),
-//! as fast as the local API server takes them. Reading the remotes is the daemon's own cost and
-//! not in the floor.
+//! plain client creating the very objects the daemon writes (computed by the daemon's own pure
+//! desired state from the leaders the remotes hold: the same labels, annotations and slice
+//! ownerReferences), 32 in flight, each slice after its Service (it needs the Service's uid, as
+//! the daemon's does), timed like the daemon until the same watch counters see every object.
+//! It is measured twice, right before and right after the daemon, and the ratio is against
+//! their mean, so load that drifts during a run on a busy machine does not pick a side. Reading
+//! the remotes is the daemon's own cost and not in the floor.
+//!
+//! The floor of earlier runs (plain objects: no annotations, no ownerReferences, and no watch
+//! counting them) is still measured, once, before the daemon, and reported beside it.
+use std::collections::{BTreeSet, HashMap as Map};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cross_cluster_controller::desired::{
+    self, EndpointsMode, Export, Follower, Options, set_slice_owner,
+};
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 
 use super::*;
 
@@ -117,9 +129,19 @@ pub struct Spread {
     followers: usize,
     /// local follower EndpointSlices at convergence (one per remote per follower)
     follower_slices: usize,
+    /// the mean of the two floors below: the ratio's denominator
     floor_s: f64,
+    /// the daemon's objects written directly, right before the daemon ran
+    floor_before_s: f64,
+    /// ... and right after it stopped
+    floor_after_s: f64,
+    /// plain objects of the same number (no annotations, no ownerReferences), not watched:
+    /// the floor of runs before 2026-11-24
+    plain_floor_s: f64,
     converge_s: f64,
     ratio: f64,
+    /// converge_s / plain_floor_s
+    plain_ratio: f64,
     peak_mib: f64,
     steady_mib: f64,
     /// peak RSS divided by the thousands of followers
@@ -151,6 +173,175 @@ async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize>
         .count())
 }
 
+/// Watch counters of the follower Services and slices in `ns` (what convergence is timed by).
+fn counters(west: &Client, ns: &str) -> (Count, Count) {
+    let sel = format!("{KEY}=follower");
+    (
+        counter::<Service>(west, ns, &sel),
+        counter::<EndpointSlice>(west, ns, &sel),
+    )
+}
+
+/// The cluster id the daemon records for a remote: the uid of its kube-system namespace.
+async fn cluster_id(c: &Client) -> Res<String> {
+    let ns = Api::<Namespace>::all(c.clone()).get("kube-system").await?;
+    ns.uid().ok_or_else(|| "kube-system has no uid".into())
+}
+
+/// The followers the daemon is to write for the leaders the remotes hold in `ns`, computed by
+/// the daemon's own pure desired state, as a pass computes them for a key with no follower yet
+/// (merge, then the origin-clusters annotation the pass adds).
+async fn desired_followers(remotes: &[(String, Client)], ns: &str) -> Res<Vec<Follower>> {
+    let opts = |cluster_name: String, cluster_id| Options {
+        label_key: KEY.into(),
+        cluster_name,
+        endpoints_mode: EndpointsMode::Slices,
+        cluster_id,
+    };
+    let lp = kube::api::ListParams::default().labels(&format!("{KEY}=true"));
+    let mut held = Vec::new();
+    for (name, c) in remotes {
+        let o = opts(name.clone(), Some(cluster_id(c).await?));
+        let svcs = Api::<Service>::namespaced(c.clone(), ns).list(&lp).await?;
+        let mut slices: Map<String, Vec<EndpointSlice>> = Map::new();
+        for s in Api::<EndpointSlice>::namespaced(c.clone(), ns)
+            .list(&lp)
+            .await?
+            .items
+        {
+            let svc = s
+                .labels()
+                .get("kubernetes.io/service-name")
+                .cloned()
+                .unwrap_or_default();
+            slices.entry(svc).or_default().push(s);
+        }
+        let svcs: Map<String, Service> =
+            svcs.items.into_iter().map(|s| (s.name_any(), s)).collect();
+        held.push((o, svcs, slices));
+    }
+    let local = opts(String::new(), None);
+    let names: BTreeSet<&String> = held.iter().flat_map(|(_, svcs, _)| svcs.keys()).collect();
+    let mut out = Vec::new();
+    for name in names {
+        let exports: Vec<Export<'_>> = held
+            .iter()
+            .filter_map(|(opts, svcs, slices)| {
+                Some(Export {
+                    opts,
+                    leader: svcs.get(name)?,
+                    slices: slices
+                        .get(name)
+                        .map(|v| v.iter().collect())
+                        .unwrap_or_default(),
+                    stale: false,
+                })
+            })
+            .collect();
+        let merged = desired::merge(&exports, &BTreeSet::new(), None, &local);
+        let mut f = merged
+            .follower
+            .ok_or_else(|| format!("no follower for {name}"))?;
+        let list = merged
+            .contributors
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",");
+        f.service
+            .annotations_mut()
+            .insert(local.origin_clusters_annotation(), list);
+        out.push(f);
+    }
+    Ok(out)
+}
+
+/// Fails unless the first and the last desired follower match what the daemon wrote (labels,
+/// annotations, ports; each slice's labels, annotations, endpoints and owner): the floor
+/// writes the daemon's objects, not lighter ones.
+async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> {
+    for f in [want.first(), want.last()].into_iter().flatten() {
+        let name = f.service.name_any();
+        let live = Api::<Service>::namespaced(west.clone(), ns)
+            .get(&name)
+            .await?;
+        let spec = |s: &Service| s.spec.as_ref().map(|s| s.ports.clone());
+        if live.labels() != f.service.labels()
+            || live.annotations() != f.service.annotations()
+            || spec(&live) != spec(&f.service)
+        {
+            return Err(format!("the floor's Service {name} differs from the daemon's").into());
+        }
+        for want_slice in &f.slices {
+            let s = want_slice.name_any();
+            let live = Api::<EndpointSlice>::namespaced(west.clone(), ns)
+                .get(&s)
+                .await?;
+            let owners = |o: &EndpointSlice| o.owner_references().len();
+            if live.labels() != want_slice.labels()
+                || live.annotations() != want_slice.annotations()
+                || live.endpoints != want_slice.endpoints
+                || owners(&live) != 1
+            {
+                return Err(format!("the floor's slice {s} differs from the daemon's").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The floor: these followers written into `ns` directly (32 in flight, each slice after its
+/// Service, owned by it), timed until the watch counters see them all.
+async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
+    let pp = PostParams {
+        field_manager: Some(cross_cluster_controller::writer::FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let (svcs, slices) = (
+        Api::<Service>::namespaced(west.clone(), ns),
+        Api::<EndpointSlice>::namespaced(west.clone(), ns),
+    );
+    let (mut seen_svcs, mut seen_slices) = counters(west, ns);
+    // the counters list first (an empty namespace), as the daemon's run starts them
+    seen_svcs.wait_for(Option::is_some).await?;
+    seen_slices.wait_for(Option::is_some).await?;
+    let start = Instant::now();
+    stream::iter(want)
+        .map(|f| {
+            let (svcs, slices, pp) = (svcs.clone(), slices.clone(), pp.clone());
+            async move {
+                let mut svc = f.service.clone();
+                svc.metadata.namespace = Some(ns.to_string());
+                let created = svcs.create(&pp, &svc).await?;
+                let mut own = f.slices.clone();
+                set_slice_owner(
+                    &mut own,
+                    &created.name_any(),
+                    &created.uid().unwrap_or_default(),
+                );
+                for mut s in own {
+                    s.metadata.namespace = Some(ns.to_string());
+                    slices.create(&pp, &s).await?;
+                }
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let n_slices = want.iter().map(|f| f.slices.len()).sum();
+    let limit = Duration::from_secs(900);
+    reach(
+        &mut seen_svcs,
+        want.len(),
+        &mut seen_slices,
+        n_slices,
+        limit,
+    )
+    .await?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
 /// R remotes x N Services each, distinct or shared; the daemon starts with every remote's
 /// Secret in place and is timed from its start to the last follower object.
 pub async fn spread(
@@ -166,14 +357,16 @@ pub async fn spread(
     let label = format!("[{what} {r} x {n}]");
     let (west, remotes) = bed_with(kc, r).await?;
     let ns = format!("bench-{what}-{tag}-{r}-{n}");
-    let floor_ns = format!("{ns}-floor");
     namespaces(&west, &remotes, &ns).await?;
-    create_ns(&west, &floor_ns).await?;
+    for suffix in ["plain", "floor-a", "floor-b"] {
+        create_ns(&west, &format!("{ns}-{suffix}")).await?;
+    }
     eprintln!("{label} remote setup");
     write_leaders(&remotes, &ns, n, eps, shared).await?;
     let (followers, slices_each) = if shared { (n, r) } else { (r * n, 1) };
-    eprintln!("{label} floor: {followers} Services, {slices_each} slice(s) each");
-    let floor_set = Set {
+    let follower_slices = followers * slices_each;
+    eprintln!("{label} plain floor: {followers} Services, {slices_each} slice(s) each");
+    let plain_set = Set {
         prefix: "other",
         n: followers,
         eps,
@@ -181,25 +374,33 @@ pub async fn spread(
         seed: 0,
         slices_each,
     };
-    let floor = write_set(&west, &floor_ns, &floor_set).await?;
-    eprintln!("{label} floor took {floor:.1}s");
+    let plain_floor = write_set(&west, &format!("{ns}-plain"), &plain_set).await?;
+    let want = desired_followers(&remotes, &ns).await?;
+    if want.len() != followers
+        || want.iter().map(|f| f.slices.len()).sum::<usize>() != follower_slices
+    {
+        return Err(format!(
+            "{label} the desired state has {} followers, not {followers}",
+            want.len()
+        )
+        .into());
+    }
+    let floor_before = floor(&west, &format!("{ns}-floor-a"), &want).await?;
+    eprintln!(
+        "{label} floor before the daemon: {floor_before:.2}s (plain objects: {plain_floor:.2}s)"
+    );
     for (name, _) in &remotes {
         apply_secret(&west, &ns, kc, name).await?;
     }
     let writes_before = api_writes(&west).await?;
     let mut proc = start_secrets_daemon(bin, kc, &ns, 30)?;
     let start = Instant::now();
-    let sel = format!("{KEY}=follower");
-    let (mut svcs, mut slices) = (
-        counter::<Service>(&west, &ns, &sel),
-        counter::<EndpointSlice>(&west, &ns, &sel),
-    );
-    let follower_slices = followers * slices_each;
+    let (mut svcs, mut slices) = counters(&west, &ns);
     let limit = Duration::from_secs(900);
     reach(&mut svcs, followers, &mut slices, follower_slices, limit).await?;
     let converge = start.elapsed().as_secs_f64();
     let writes = api_writes(&west).await? - writes_before;
-    eprintln!("{label} converged in {converge:.2}s (floor {floor:.2}s); idle period");
+    eprintln!("{label} converged in {converge:.2}s; idle period");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let idle_before = api_writes(&west).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -207,6 +408,13 @@ pub async fn spread(
     let (peak, steady, cpu) = proc.stat()?;
     let complete = followers_recording(&west, &ns, if shared { r } else { 1 }).await?;
     drop(proc);
+    same_as_written(&west, &ns, &want).await?;
+    let floor_after = floor(&west, &format!("{ns}-floor-b"), &want).await?;
+    let floor_s = (floor_before + floor_after) / 2.0;
+    eprintln!(
+        "{label} floor after the daemon: {floor_after:.2}s; ratio {:.2}",
+        converge / floor_s
+    );
     Ok(Spread {
         remotes: r,
         services_each: n,
@@ -214,9 +422,13 @@ pub async fn spread(
         endpoints: eps,
         followers,
         follower_slices,
-        floor_s: floor,
+        floor_s,
+        floor_before_s: floor_before,
+        floor_after_s: floor_after,
+        plain_floor_s: plain_floor,
         converge_s: converge,
-        ratio: converge / floor,
+        ratio: converge / floor_s,
+        plain_ratio: converge / plain_floor,
         peak_mib: peak,
         steady_mib: steady,
         peak_mib_per_1000: peak / (followers as f64 / 1000.0),
@@ -418,7 +630,7 @@ pub struct Results {
 pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     let mut md = String::from(SECTION);
     md += &format!(
-        "\n\n`XCC_BENCH_MULTI=1{} scripts/bench {}` with `XCC_BENCH_MULTI_N={n}`; each scenario on a fresh bed (local cluster west; its remotes the first of {}), the daemon reading every remote from a Secret (none static), 32 workers, 3 endpoints per slice. Floor: a plain client writing the same number of local Services and EndpointSlices directly (32 in flight). Whole run: {:.0} s.\n",
+        "\n\n`XCC_BENCH_MULTI=1{} scripts/bench {}` with `XCC_BENCH_MULTI_N={n}`; each scenario on a fresh bed (local cluster west; its remotes the first of {}), the daemon reading every remote from a Secret (none static), 32 workers, 3 endpoints per slice. Floor: a plain client writing the very objects the daemon writes (the daemon's own desired state: same labels, annotations and slice ownerReferences; 32 in flight, each slice after its Service), timed like the daemon until the same watch counters see them all; measured right before and right after the daemon, the ratio against the mean of the two. The plain-object floor is the floor of earlier runs: as many plain Services and slices (no annotations, no ownerReferences, no watch counting them), once before the daemon. Whole run: {:.0} s.\n",
         std::env::var("XCC_BENCH_MULTI_ONLY")
             .map(|o| format!(" XCC_BENCH_MULTI_ONLY={o}"))
             .unwrap_or_default(),
@@ -432,18 +644,22 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     );
     let table = |rows: &[Spread]| {
         let mut t = String::from(
-            "\n| remotes | services each | followers | follower slices | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "\n| remotes | services each | followers | follower slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | plain-object floor (s) | daemon / plain-object floor | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in rows {
             t += &format!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} |\n",
                 r.remotes,
                 r.services_each,
                 r.followers,
                 r.follower_slices,
+                r.floor_before_s,
+                r.floor_after_s,
                 r.floor_s,
                 r.converge_s,
                 r.ratio,
+                r.plain_floor_s,
+                r.plain_ratio,
                 r.peak_mib,
                 r.steady_mib,
                 r.peak_mib_per_1000,

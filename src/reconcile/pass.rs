@@ -336,9 +336,7 @@ async fn ensure_service(
                 Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
                 Err(e) if e.api_code() == Some(409) => {
                     // exists but not in our cache: it may well not be ours, so look before touching
-                    let api: Api<Service> =
-                        Api::namespaced(ctx.writer.client().clone(), &key.namespace);
-                    actual = api.get_opt(&key.name).await?;
+                    actual = ctx.writer.get::<Service>(&key.namespace, &key.name).await?;
                     continue;
                 }
                 Err(e) if e.api_code() == Some(404) => {
@@ -488,8 +486,8 @@ async fn apply_slices(
                 Ok(_) => changed = true,
                 Err(e) if e.api_code() == Some(409) => {
                     // our cache has not seen it yet (our own earlier write, usually): compare live
-                    let api: Api<EndpointSlice> = Api::namespaced(ctx.writer.client().clone(), ns);
-                    let Some(live) = api.get_opt(&want.name_any()).await? else {
+                    let name = want.name_any();
+                    let Some(live) = ctx.writer.get::<EndpointSlice>(ns, &name).await? else {
                         return Err(e);
                     };
                     if slice_recorded(&live.metadata, &ctx.opts) == Recorded::NotOurs {
@@ -543,8 +541,7 @@ async fn apply_endpoints(
         (Some(want), None) => match ctx.create(want).await {
             Ok(_) => Ok(Some(true)),
             Err(e) if e.api_code() == Some(409) => {
-                let api: Api<Endpoints> = Api::namespaced(ctx.writer.client().clone(), ns);
-                let Some(live) = api.get_opt(&key.name).await? else {
+                let Some(live) = ctx.writer.get::<Endpoints>(ns, &key.name).await? else {
                     return Err(e);
                 };
                 if !scope.owns(&recorded(&live.metadata, &ctx.opts)) {
