@@ -307,8 +307,9 @@ pub enum Outcome {
 pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
 
 impl Outcome {
-    /// Every label [`Outcome::label`] returns, and `error` (a pass that failed).
-    pub const LABELS: [&'static str; 7] = [
+    /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`
+    /// (a key set aside because this replica no longer leads).
+    pub const LABELS: [&'static str; 8] = [
         "applied",
         "deleted",
         "unchanged",
@@ -316,6 +317,7 @@ impl Outcome {
         "conflict",
         "not_ready",
         "error",
+        "not_leader",
     ];
 
     pub fn label(&self) -> &'static str {

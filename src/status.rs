@@ -125,9 +125,32 @@ fn lease_fresh(l: &Lease, now: Timestamp) -> (Option<i64>, bool) {
 
 /// Pure: the report from what was listed.
 pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
+    let mut remotes = from_health_leases(&inputs.health, opts, now);
+    let unknown = count_followers(&mut remotes, inputs, opts);
+    count_events(&mut remotes, &inputs.events);
+    let leader = inputs.election.as_ref().map(|l| leader_of(l, now));
+    let remotes: Vec<RemoteStatus> = remotes.into_values().collect();
+    let healthy = leader.as_ref().is_some_and(|l| l.fresh)
+        && remotes.iter().all(|r| r.known && r.connected)
+        && unknown.is_empty();
+    Report {
+        namespace: String::new(),
+        leader,
+        remotes,
+        unknown_remote_followers: unknown,
+        healthy,
+    }
+}
+
+/// Every remote a health Lease names, as that Lease tells it.
+fn from_health_leases(
+    health: &[Lease],
+    opts: &Options,
+    now: Timestamp,
+) -> BTreeMap<String, RemoteStatus> {
     let keys = Keys::new(opts);
-    let mut remotes: BTreeMap<String, RemoteStatus> = BTreeMap::new();
-    for l in &inputs.health {
+    let mut remotes = BTreeMap::new();
+    for l in health {
         let a = l.annotations();
         let Some(name) = a.get(&keys.name) else {
             continue;
@@ -158,6 +181,16 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
             },
         );
     }
+    remotes
+}
+
+/// Counts each remote's follower Services and slices (adding the remotes followers record but
+/// no health Lease names); returns the followers recording no remote with a Lease.
+fn count_followers(
+    remotes: &mut BTreeMap<String, RemoteStatus>,
+    inputs: &Inputs,
+    opts: &Options,
+) -> Vec<String> {
     let mut unknown = Vec::new();
     for m in &inputs.services {
         let Recorded::From(set) = recorded(m, opts) else {
@@ -188,7 +221,12 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
             }
         }
     }
-    for e in &inputs.events {
+    unknown
+}
+
+/// Counts the conflict and skip Events that name each remote.
+fn count_events(remotes: &mut BTreeMap<String, RemoteStatus>, events: &[Event]) {
+    for e in events {
         let note = e.message.as_deref().unwrap_or("");
         let reason = e.reason.as_deref().unwrap_or("");
         for (name, s) in remotes.iter_mut() {
@@ -204,32 +242,16 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
             }
         }
     }
-    let leader = inputs.election.as_ref().map(|l| {
-        let (renewed, fresh) = lease_fresh(l, now);
-        Leader {
-            identity: l
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.clone())
-                .unwrap_or_default(),
-            renewed_seconds_ago: renewed,
-            fresh: fresh
-                && l.spec
-                    .as_ref()
-                    .and_then(|s| s.holder_identity.as_deref())
-                    .is_some_and(|h| !h.is_empty()),
-        }
-    });
-    let remotes: Vec<RemoteStatus> = remotes.into_values().collect();
-    let healthy = leader.as_ref().is_some_and(|l| l.fresh)
-        && remotes.iter().all(|r| r.known && r.connected)
-        && unknown.is_empty();
-    Report {
-        namespace: String::new(),
-        leader,
-        remotes,
-        unknown_remote_followers: unknown,
-        healthy,
+}
+
+/// The election Lease's holder, and whether it is fresh.
+fn leader_of(l: &Lease, now: Timestamp) -> Leader {
+    let (renewed, fresh) = lease_fresh(l, now);
+    let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    Leader {
+        fresh: fresh && holder.as_deref().is_some_and(|h| !h.is_empty()),
+        identity: holder.unwrap_or_default(),
+        renewed_seconds_ago: renewed,
     }
 }
 

@@ -157,8 +157,14 @@ impl Runtime {
         self.dropped.swap(false, Ordering::SeqCst)
     }
 
-    /// A key set aside unreconciled: nothing measured, and a full pass marked due.
-    fn drop_key(&self, key: &Key) {
+    /// A key set aside unreconciled (`why`: the outcome label, not_ready or not_leader):
+    /// counted, nothing measured, and a full pass marked due.
+    fn drop_key(&self, key: &Key, why: &str) {
+        self.ctx
+            .metrics
+            .reconciles
+            .get_or_create(&labels([("outcome", why)]))
+            .inc();
         self.forget(key);
         self.take_pending(key);
         self.dropped.store(true, Ordering::SeqCst);
@@ -192,7 +198,7 @@ pub async fn run(rt: Arc<Runtime>) {
     while let Some(key) = rt.queue.next().await {
         if !rt.leader.is_leader() {
             // dropped: the next leadership gain (or renewal) reconciles every leader
-            rt.drop_key(&key);
+            rt.drop_key(&key, "not_leader");
             rt.queue.done(&key);
             continue;
         }
@@ -205,7 +211,8 @@ pub async fn run(rt: Arc<Runtime>) {
             });
         match result {
             // queued again by the next full pass; no lag to measure
-            Ok(Outcome::NotReady) | Err(Error::NotLeader) => rt.drop_key(&key),
+            Ok(Outcome::NotReady) => rt.drop_key(&key, "not_ready"),
+            Err(Error::NotLeader) => rt.drop_key(&key, "not_leader"),
             Ok(outcome) => {
                 rt.forget(&key);
                 rt.settled(
@@ -281,6 +288,13 @@ mod tests {
         rt.queue.close();
         crate::fixtures::within("the worker to drain the queue", run(Arc::clone(&rt))).await;
         assert_eq!(rt.tracked(), (0, 0));
+        let dropped = rt
+            .ctx
+            .metrics
+            .reconciles
+            .get_or_create(&labels([("outcome", "not_leader")]))
+            .get();
+        assert_eq!(dropped, 100, "every key set aside is counted");
         assert!(rt.take_dropped(), "a full pass is due once leading again");
         assert!(!rt.take_dropped(), "once");
     }
