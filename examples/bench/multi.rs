@@ -142,6 +142,8 @@ pub struct Spread {
     ratio: f64,
     /// converge_s / plain_floor_s
     plain_ratio: f64,
+    /// the machine's 1-minute load average when the daemon started
+    load_1m: f64,
     peak_mib: f64,
     steady_mib: f64,
     /// peak RSS divided by the thousands of followers
@@ -171,6 +173,15 @@ async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize>
                 .is_some_and(|v| v.split(',').filter(|r| !r.is_empty()).count() == want)
         })
         .count())
+}
+
+/// The machine's 1-minute load average (the benchmark shares 2 cores with whatever else runs:
+/// reported beside the timings it shapes).
+fn load_1m() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// Watch counters of the follower Services and slices in `ns` (what convergence is timed by).
@@ -393,6 +404,7 @@ pub async fn spread(
         apply_secret(&west, &ns, kc, name).await?;
     }
     let writes_before = api_writes(&west).await?;
+    let load = load_1m();
     let mut proc = start_secrets_daemon(bin, kc, &ns, 30)?;
     let start = Instant::now();
     let (mut svcs, mut slices) = counters(&west, &ns);
@@ -429,6 +441,7 @@ pub async fn spread(
         converge_s: converge,
         ratio: converge / floor_s,
         plain_ratio: converge / plain_floor,
+        load_1m: load,
         peak_mib: peak,
         steady_mib: steady,
         peak_mib_per_1000: peak / (followers as f64 / 1000.0),
@@ -570,6 +583,9 @@ pub struct MultiLag {
     api_writes: f64,
     /// changes seen later than 100 ms
     over_100ms: usize,
+    /// the machine's 1-minute load average right before and right after the changes
+    load_1m_before: f64,
+    load_1m_after: f64,
 }
 
 /// R remotes export the same N Services (merged followers); endpoint changes at a fixed total
@@ -605,10 +621,14 @@ pub async fn lag_multi(
         .map(|(ri, (_, c))| (Api::namespaced(c.clone(), &ns), ri * n))
         .collect();
     let before = api_writes(&west).await?;
+    let load_before = load_1m();
     let lag = churn(&west, &ns, &targets, n, rate, secs).await?;
+    let load_after = load_1m();
     let writes = api_writes(&west).await? - before;
     drop(proc);
     Ok(MultiLag {
+        load_1m_before: load_before,
+        load_1m_after: load_after,
         remotes: r,
         over_100ms: lag.samples_ms.iter().filter(|v| **v > 100.0).count(),
         lag,
@@ -644,11 +664,11 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     );
     let table = |rows: &[Spread]| {
         let mut t = String::from(
-            "\n| remotes | services each | followers | follower slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | plain-object floor (s) | daemon / plain-object floor | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "\n| remotes | services each | followers | follower slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | plain-object floor (s) | daemon / plain-object floor | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote | load (1 min) at the daemon's start |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in rows {
             t += &format!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} | {:.1} |\n",
                 r.remotes,
                 r.services_each,
                 r.followers,
@@ -668,7 +688,8 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
                 r.min_writes,
                 r.idle_writes,
                 r.complete_followers,
-                r.followers
+                r.followers,
+                r.load_1m
             );
         }
         t
@@ -709,7 +730,7 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     }
     if let Some(l) = &res.lag {
         md += &format!(
-            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum).\n",
+            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum). The machine's 1-minute load average: {:.1} before the changes, {:.1} after.\n",
             l.remotes,
             l.lag.rate_per_s,
             l.remotes,
@@ -720,7 +741,9 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             l.lag.p99_ms,
             l.lag.max_ms,
             l.over_100ms,
-            l.api_writes
+            l.api_writes,
+            l.load_1m_before,
+            l.load_1m_after
         );
     }
     md
@@ -766,14 +789,16 @@ pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) ->
     if runs("lag") {
         let l = lag_multi(bin, kc, 3, n, 50, 20, tag).await?;
         eprintln!(
-            "  -> lag p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} of {} observed, {} over 100 ms, {} writes",
+            "  -> lag p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} of {} observed, {} over 100 ms, {} writes, load {:.1} -> {:.1}",
             l.lag.p50_ms,
             l.lag.p99_ms,
             l.lag.max_ms,
             l.lag.observed,
             l.lag.changes,
             l.over_100ms,
-            l.api_writes
+            l.api_writes,
+            l.load_1m_before,
+            l.load_1m_after
         );
         res.lag = Some(l);
     }
