@@ -339,6 +339,29 @@ mod tests {
         o
     }
 
+    fn export<'a>(
+        opts: &'a Options,
+        leader: &'a Service,
+        slices: Vec<&'a EndpointSlice>,
+    ) -> Export<'a> {
+        Export {
+            opts,
+            leader,
+            slices,
+            stale: false,
+        }
+    }
+
+    /// The merge of these exports for a key with no live follower and no held remote.
+    fn merged(exports: &[Export<'_>]) -> Merged {
+        merge(
+            exports,
+            &BTreeSet::new(),
+            None,
+            &opts(EndpointsMode::Slices),
+        )
+    }
+
     fn leader(created: &str, spec: Value) -> Service {
         let mut s = service(spec);
         s.metadata.creation_timestamp = Some(Time(created.parse().unwrap()));
@@ -381,26 +404,8 @@ mod tests {
         let (a, b) = (web("2024-01-01T00:00:00Z"), web("2023-01-01T00:00:00Z"));
         let sa = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
         let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![&sa],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![&sb],
-                stale: false,
-            },
-        ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let exports = [export(&east, &a, vec![&sa]), export(&north, &b, vec![&sb])];
+        let m = merged(&exports);
         assert!(m.conflicts.is_empty() && m.skipped.is_empty());
         assert_eq!(annotation(&m, "origin-clusters"), "east,north");
         assert_eq!(
@@ -442,31 +447,11 @@ mod tests {
             json!({"ports": [{"name": "http", "port": 80, "protocol": "UDP"}]}),
         );
         let exports = [
-            Export {
-                opts: &south,
-                leader: &c,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![],
-                stale: false,
-            },
+            export(&south, &c, vec![]),
+            export(&north, &b, vec![]),
+            export(&east, &a, vec![]),
         ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let m = merged(&exports);
         assert_eq!(
             ports_of(&m),
             [("http".to_string(), 80), ("metrics".to_string(), 9100)]
@@ -494,26 +479,8 @@ mod tests {
             "ports": [{"name": "http", "port": 80}]}),
         );
         let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![&sb],
-                stale: false,
-            },
-        ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let exports = [export(&east, &a, vec![]), export(&north, &b, vec![&sb])];
+        let m = merged(&exports);
         assert_eq!(m.conflicts.len(), 1);
         assert_eq!(m.conflicts[0].kind, ConflictKind::Type);
         let f = m.follower.as_ref().unwrap();
@@ -533,26 +500,8 @@ mod tests {
             json!({"sessionAffinity": "ClientIP",
             "ports": [{"name": "http", "port": 80}]}),
         );
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &c,
-                slices: vec![],
-                stale: false,
-            },
-        ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let exports = [export(&east, &a, vec![]), export(&north, &c, vec![])];
+        let m = merged(&exports);
         let kinds: Vec<_> = m.conflicts.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, [ConflictKind::SessionAffinity]);
     }
@@ -566,26 +515,8 @@ mod tests {
         );
         let b = web("2025-01-01T00:00:00Z");
         let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![&sb],
-                stale: false,
-            },
-        ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let exports = [export(&east, &a, vec![]), export(&north, &b, vec![&sb])];
+        let m = merged(&exports);
         assert_eq!(m.conflicts[0].kind, ConflictKind::Type);
         assert!(m.follower.unwrap().slices.is_empty());
     }
@@ -594,12 +525,7 @@ mod tests {
     fn held_remotes_stay_recorded_and_keep_their_ports() {
         let east = remote("east", None);
         let a = web("2024-01-01T00:00:00Z");
-        let exports = [Export {
-            opts: &east,
-            leader: &a,
-            slices: vec![],
-            stale: false,
-        }];
+        let exports = [export(&east, &a, vec![])];
         let live = leader(
             "2024-01-01T00:00:00Z",
             json!({"ports": [
@@ -635,26 +561,8 @@ mod tests {
             .as_mut()
             .unwrap()
             .remove("fair.com/cross-cluster");
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![],
-                stale: false,
-            },
-        ];
-        let m = merge(
-            &exports,
-            &BTreeSet::new(),
-            None,
-            &opts(EndpointsMode::Slices),
-        );
+        let exports = [export(&east, &a, vec![]), export(&north, &b, vec![])];
+        let m = merged(&exports);
         assert_eq!(m.skipped.len(), 1);
         assert_eq!(m.skipped[0].0, "north");
         assert_eq!(annotation(&m, "origin-clusters"), "east");
@@ -668,20 +576,7 @@ mod tests {
         let (a, b) = (web("2024-01-01T00:00:00Z"), web("2025-01-01T00:00:00Z"));
         let sa = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
         let sb = slice("web-b", "IPv4", web_ports(), vec![endpoint("10.1.0.1")]);
-        let exports = [
-            Export {
-                opts: &east,
-                leader: &a,
-                slices: vec![&sa],
-                stale: false,
-            },
-            Export {
-                opts: &north,
-                leader: &b,
-                slices: vec![&sb],
-                stale: false,
-            },
-        ];
+        let exports = [export(&east, &a, vec![&sa]), export(&north, &b, vec![&sb])];
         let m = merge(
             &exports,
             &BTreeSet::new(),
