@@ -563,15 +563,24 @@ async fn churn(
     let sent: Arc<Mutex<HashMap<String, (Instant, usize)>>> = Arc::default();
     // (lag in ms, change number)
     let seen: Arc<Mutex<Vec<(f64, usize)>>> = Arc::default();
+    // the first change goes out once the watcher has listed (a change sent during its initial
+    // listing would be seen only after it, and timed with it)
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let watch = {
         let (sent, seen) = (Arc::clone(&sent), Arc::clone(&seen));
         let api: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
+        let mut listed_tx = Some(listed_tx);
         tokio::spawn(async move {
             let mut s = std::pin::pin!(watcher::watcher(
                 api,
                 watcher::Config::default().labels(&sel)
             ));
             while let Some(Ok(ev)) = s.next().await {
+                if matches!(ev, Event::InitDone)
+                    && let Some(tx) = listed_tx.take()
+                {
+                    let _ = tx.send(());
+                }
                 if let Event::Apply(sl) | Event::InitApply(sl) = ev {
                     let now = Instant::now();
                     for ep in &sl.endpoints {
@@ -588,6 +597,9 @@ async fn churn(
             }
         })
     };
+    tokio::time::timeout(Duration::from_secs(120), listed)
+        .await
+        .map_err(|_| "the lag watcher did not list within 120 s")??;
     let total = (rate as u64 * secs) as usize;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     let mut handles = Vec::new();
