@@ -1,8 +1,15 @@
 # shellcheck shell=bash
-# One node for a cluster of the test bed (sourced by testbed/bed; see `testbed/bed node NAME`).
+# The nodes of a cluster of the test bed (sourced by testbed/bed; see `testbed/bed node NAME [COUNT]`).
 #
 # A node is containerd (Debian's, with runc) and a kubelet of the pinned Kubernetes version, both
 # plain processes recorded and signalled by PID and start time like the rest of the bed (proc.sh).
+# A cluster has one node or more; node I (1, 2, ...) is NAME-node (I = 1) or NAME-node-I, with its
+# own address 127.0.0.I (Linux routes all of 127/8 to lo: a process binds 127.0.0.2 as it binds
+# 127.0.0.1), its own directory, ports, certificates, containerd (root, state, socket), mount
+# namespace and cgroup root, and every command on a node's processes matches them by a path in
+# that node's directory. What nodes (of this bed or another) share is the machine's: its network
+# namespace, and /var/log/containers, where each kubelet links its containers' logs under names
+# that hold the container's id.
 # They run in a mount namespace of the node's own (kept by a bind mount on $nd/mntns), so that:
 #   - the container root filesystems, the kubelet's volume mounts and the shims' sockets
 #     (a tmpfs on /run/containerd there) never appear on the host and go with the namespace;
@@ -11,18 +18,45 @@
 #     itself it would rewrite them for the whole machine (protectKernelDefaults: false) or refuse
 #     to start (true). The host's values are never changed.
 # The network namespace is the host's: pods use hostNetwork (no pod network, no kube-proxy), and
-# the node's address is 127.0.0.1.
+# the node's address is 127.0.0.I, so a host-network pod binds its node's address (and a pod on
+# another node binds the same port on its own address).
+# Cgroups (v1, cgroupfs driver): containerd names a task's cgroup <parent>/<container id>, and
+# without a parent (what a kubelet with cgroupsPerQOS false passes) /<containerd namespace>/<id>:
+# /k8s.io/<id> for every containerd on the machine, one parent shared by all. Each kubelet
+# therefore runs the QoS tree (cgroupsPerQOS true) under a cgroupRoot of its own,
+# /xcc-testbed-<hash of the node's directory>-<node name> (created by the bed in every v1
+# hierarchy: the kubelet requires it to exist): a pod's containers live in
+# <root>/kubepods/<qos>/pod<uid>/<id>, the kubelet manages and cleans up only under its root, and
+# removing a node removes only cgroups under its root.
 #
-# Layout under $dir/NAME/node: containerd.toml, containerd/ (root, state, socket), cni/ (a
-# loopback-only conflist, enough for the CRI to report NetworkReady), kubelet.yaml,
-# kubelet.kubeconfig, kubelet/ (--root-dir), logs/ (pod logs), sysctl/, mntns, ports.
+# Layout under $dir/NAME/node (node 1) or $dir/NAME/node-I: containerd.toml, containerd/ (root,
+# state, socket), cni/ (a loopback-only conflist, enough for the CRI to report NetworkReady),
+# kubelet.yaml, kubelet.kubeconfig, kubelet/ (--root-dir), logs/ (pod logs), sysctl/, mntns, ports,
+# and the pidfiles kubelet.pid and containerd.pid.
 
 # The sandbox image every pod's pause container runs; built locally (no registry here).
 NODE_PAUSE_IMAGE=testbed.invalid/pause:1
 
-node_dir() { echo "$dir/$1/node"; }
-node_name() { echo "$1-node"; }
+# node_dir CLUSTER [I], node_name CLUSTER [I], node_ip CLUSTER [I]: of node I (default 1)
+node_dir() { if [ "${2:-1}" = 1 ]; then echo "$dir/$1/node"; else echo "$dir/$1/node-$2"; fi; }
+node_name() { if [ "${2:-1}" = 1 ]; then echo "$1-node"; else echo "$1-node-$2"; fi; }
+node_ip() { echo "127.0.0.${2:-1}"; }
+# part_of_node BASE I: the name `testbed/bed kill` knows a part of node I by (kubelet, kubelet-2, ...)
+part_of_node() { if [ "${2:-1}" = 1 ]; then echo "$1"; else echo "$1-$2"; fi; }
+# the cgroup parent of node I's pods (see the header)
+node_cgroup_root() {
+  local nd
+  nd=$(node_dir "$1" "${2:-1}")
+  echo "/xcc-testbed-$(printf '%s' "$nd" | sha256sum | cut -c1-8)-$(node_name "$1" "${2:-1}")"
+}
 is_node_cluster() { [ -f "$dir/$1/with-node" ]; }
+# node_count CLUSTER: how many nodes it has (the number in its with-node file; empty means 1)
+node_count() {
+  local n=""
+  [ -f "$dir/$1/with-node" ] && n=$(cat "$dir/$1/with-node")
+  echo "${n:-1}"
+}
+node_indexes() { seq 1 "$(node_count "$1")"; }
 
 containerd_bin() { command -v containerd || echo /usr/bin/containerd; }
 
@@ -35,42 +69,54 @@ node_need_packages() {
 }
 
 node_ports() {
-  local f
-  f="$(node_dir "$1")/ports"
-  [ -f "$f" ] || echo "kubelet=$(free_port) kubelet_healthz=$(free_port)" >"$f"
+  local f ip
+  f="$(node_dir "$1" "$2")/ports"
+  ip=$(node_ip "$1" "$2")
+  [ -f "$f" ] || echo "kubelet=$(free_port "$ip") kubelet_healthz=$(free_port "$ip")" >"$f"
   # shellcheck disable=SC1090
   source <(tr ' ' '\n' <"$f")
 }
 
-# The kubelet's client certificate (the node identity the Node authorizer knows), its serving
-# certificate (valid for 127.0.0.1, so the apiserver verifies it), and the apiserver's client
-# certificate for kubelets (logs, exec, port-forward), all signed by the cluster's CA.
-make_node_pki() {
-  local c=$1 p="$dir/$1/pki" n
-  n=$(node_name "$c")
-  [ -f "$p/apiserver-kubelet-client.crt" ] && return 0
+# sign_cert PKI_DIR NAME SUBJECT EXTENSIONS: NAME.crt and NAME.key, signed by the cluster's CA.
+sign_cert() {
   (
-    cd "$p"
-    sign() { # NAME SUBJECT EXTENSIONS
-      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$2" \
-        -keyout "$1.key" -out "$1.csr" 2>/dev/null
-      printf '%b' "$3" >"$1.ext"
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
-      rm -f "$1.csr" "$1.ext"
-    }
-    sign kubelet-client "/O=system:nodes/CN=system:node:$n" 'extendedKeyUsage=clientAuth\n'
-    sign kubelet-serving "/CN=$n" "subjectAltName=IP:127.0.0.1,DNS:$n,DNS:localhost\nextendedKeyUsage=serverAuth\n"
-    sign apiserver-kubelet-client "/O=system:masters/CN=$c-apiserver-kubelet-client" 'extendedKeyUsage=clientAuth\n'
+    cd "$1" || exit 1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$3" \
+      -keyout "$2.key" -out "$2.csr" 2>/dev/null
+    printf '%b' "$4" >"$2.ext"
+    openssl x509 -req -in "$2.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile "$2.ext" -out "$2.crt" 2>/dev/null
+    rm -f "$2.csr" "$2.ext"
   )
 }
 
+# The apiserver's client certificate for kubelets (logs, exec, port-forward), signed by the
+# cluster's CA; needed before the apiserver starts.
+make_node_pki() {
+  local c=$1 p="$dir/$1/pki"
+  [ -f "$p/apiserver-kubelet-client.crt" ] ||
+    sign_cert "$p" apiserver-kubelet-client "/O=system:masters/CN=$c-apiserver-kubelet-client" 'extendedKeyUsage=clientAuth\n'
+}
+
+# make_kubelet_pki CLUSTER I: node I's kubelet client certificate (the node identity the Node
+# authorizer knows) and serving certificate (valid for the node's address, so the apiserver
+# verifies it), NAME-client and NAME-serving in the cluster's pki directory.
+make_kubelet_pki() {
+  local c=$1 i=$2 p="$dir/$1/pki" n ip
+  n=$(node_name "$c" "$i")
+  ip=$(node_ip "$c" "$i")
+  [ -f "$p/$n-serving.crt" ] && return 0
+  sign_cert "$p" "$n-client" "/O=system:nodes/CN=system:node:$n" 'extendedKeyUsage=clientAuth\n'
+  sign_cert "$p" "$n-serving" "/CN=$n" "subjectAltName=IP:$ip,DNS:$n\nextendedKeyUsage=serverAuth\n"
+}
+
 write_node_config() {
-  local c=$1 nd p="$dir/$1/pki" n
-  nd=$(node_dir "$c")
-  n=$(node_name "$c")
+  local c=$1 i=$2 nd p="$dir/$1/pki" n ip
+  nd=$(node_dir "$c" "$i")
+  n=$(node_name "$c" "$i")
+  ip=$(node_ip "$c" "$i")
   ports "$c"
-  node_ports "$c"
+  node_ports "$c" "$i"
   mkdir -p "$nd/containerd" "$nd/cni" "$nd/kubelet" "$nd/logs" "$nd/sysctl"
   cat >"$nd/containerd.toml" <<EOF
 version = 2
@@ -92,7 +138,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   # root here lacks CAP_SYS_RESOURCE: a negative oom_score_adj is refused and runc fails
   restrict_oom_score_adj = true
   enable_selinux = false
-  stream_server_address = "127.0.0.1"
+  stream_server_address = "$ip"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -119,7 +165,7 @@ clusters:
   cluster: {server: "https://127.0.0.1:$apiserver", certificate-authority: "$p/ca.crt"}
 users:
 - name: $n
-  user: {client-certificate: "$p/kubelet-client.crt", client-key: "$p/kubelet-client.key"}
+  user: {client-certificate: "$p/$n-client.crt", client-key: "$p/$n-client.key"}
 contexts:
 - name: $n
   context: {cluster: $c, user: $n}
@@ -129,13 +175,13 @@ EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$nd/containerd/containerd.sock
-address: 127.0.0.1
+address: $ip
 port: $kubelet
 readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: $ip
 healthzPort: $kubelet_healthz
-tlsCertFile: $p/kubelet-serving.crt
-tlsPrivateKeyFile: $p/kubelet-serving.key
+tlsCertFile: $p/$n-serving.crt
+tlsPrivateKeyFile: $p/$n-serving.key
 # the apiserver's client certificate (O=system:masters) is checked against the cluster's CA;
 # what it may do is asked of the apiserver (SubjectAccessReview), as on a real node
 authentication:
@@ -144,11 +190,12 @@ authentication:
   x509: {clientCAFile: $p/ca.crt}
 authorization:
   mode: Webhook
-# cgroup v1, no systemd: cgroupfs; no QoS cgroup tree (hugetlb, net_cls, perf_event are not
-# mounted here), so nothing to enforce node allocatable on
+# cgroup v1, no systemd: cgroupfs; the QoS tree under the node's own root (see the header),
+# nothing reserved or enforced on it (the machine is shared)
 cgroupDriver: cgroupfs
 failCgroupV1: false
-cgroupsPerQOS: false
+cgroupsPerQOS: true
+cgroupRoot: $(node_cgroup_root "$c" "$i")
 enforceNodeAllocatable: []
 # the namespace's /proc/sys holds the values kubelet wants (see testbed/node.sh)
 protectKernelDefaults: true
@@ -165,28 +212,29 @@ serializeImagePulls: false
 EOF
 }
 
-# The node's mount namespace: created once, kept until `bed down` unmounts it.
-node_ns_ready() { grep -q " $(node_dir "$1")/mntns " /proc/self/mountinfo; }
+# Node I's mount namespace: created once, kept until `bed down` unmounts it.
+node_ns_ready() { grep -q " $(node_dir "$1" "$2")/mntns " /proc/self/mountinfo; }
 
 make_node_ns() {
-  local c=$1 nd f v
-  nd=$(node_dir "$c")
-  node_ns_ready "$c" && return 0
+  local c=$1 i=$2 nd f v
+  nd=$(node_dir "$c" "$i")
+  node_ns_ready "$c" "$i" && return 0
   touch "$nd/mntns"
   mkdir -p /run/containerd
   unshare --mount="$nd/mntns" --propagation private true
-  in_node_ns "$c" mount -t tmpfs -o mode=0711 testbed-node /run/containerd
+  in_node_ns "$c" "$i" mount -t tmpfs -o mode=0711 testbed-node /run/containerd
   # the values kubelet's setupKernelTunables wants, as files bound over /proc/sys in here only
   for f in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
     kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
     v=${f#*=}
     f=${f%=*}
     echo "$v" >"$nd/sysctl/${f//\//.}"
-    in_node_ns "$c" mount --bind "$nd/sysctl/${f//\//.}" "/proc/sys/$f"
+    in_node_ns "$c" "$i" mount --bind "$nd/sysctl/${f//\//.}" "/proc/sys/$f"
   done
 }
 
-in_node_ns() { local c=$1; shift; nsenter --mount="$(node_dir "$c")/mntns" -- "$@"; }
+# in_node_ns CLUSTER I COMMAND...
+in_node_ns() { local c=$1 i=$2; shift 2; nsenter --mount="$(node_dir "$c" "$i")/mntns" -- "$@"; }
 
 # The pause program, compiled static and packaged from scratch, cached by its source's hash.
 pause_archive() {
@@ -227,48 +275,54 @@ build_image() {
   "${b[@]}" rm "$ctr_id" >/dev/null || true
 }
 
-node_ctr() { local c=$1; shift; ctr --address "$(node_dir "$c")/containerd/containerd.sock" -n k8s.io "$@"; }
+# node_ctr CLUSTER I ARG...: ctr on node I's containerd, namespace k8s.io (what the CRI sees)
+node_ctr() { local c=$1 i=$2; shift 2; ctr --address "$(node_dir "$c" "$i")/containerd/containerd.sock" -n k8s.io "$@"; }
 
-# import_image CLUSTER ARCHIVE: into the node's containerd (k8s.io namespace, what the CRI sees),
-# under the name the archive carries.
+# import_image CLUSTER ARCHIVE [I]: into node I's containerd, or into every node's when I is
+# not given (a pod may be scheduled on any of them), under the name the archive carries.
 import_image() {
-  node_ctr "$1" images import --no-unpack=false "$2" >/dev/null ||
-    die "importing $2 into the node of '$1' failed"
+  local c=$1 archive=$2 i
+  for i in ${3:-$(node_indexes "$c")}; do
+    node_ctr "$c" "$i" images import --no-unpack=false "$archive" >/dev/null ||
+      die "importing $archive into node $(node_name "$c" "$i") of '$c' failed"
+  done
 }
 
-# node_addresses CLUSTER: the node's addresses once it has registered. kubelet refuses a loopback
+# node_addresses CLUSTER I: node I's addresses once it has registered. kubelet refuses a loopback
 # --node-ip ("nodeIP can't be loopback address", logged at every status update) and then leaves
-# status.addresses as they are; the bed sets them to InternalIP 127.0.0.1 (where the kubelet
+# status.addresses as they are; the bed sets them to InternalIP 127.0.0.I (where the kubelet
 # listens, and the IP SAN of its serving certificate) and Hostname, so hostNetwork pods get
-# 127.0.0.1 as their IP and the apiserver reaches the kubelet. No other address of this machine
+# 127.0.0.I as their IP and the apiserver reaches the kubelet. No other address of this machine
 # is used: the node's traffic stays on loopback.
 node_addresses() {
-  local c=$1 n k
-  n=$(node_name "$c")
+  local c=$1 i=$2 n k ip
+  n=$(node_name "$c" "$i")
+  ip=$(node_ip "$c" "$i")
   k=("$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig")
   "${k[@]}" get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' 2>/dev/null |
-    grep -qx 127.0.0.1 && return 0
+    grep -qx "$ip" && return 0
   "${k[@]}" get node "$n" >/dev/null 2>&1 || return 1
   "${k[@]}" patch node "$n" --subresource status --type merge \
-    -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"},{\"type\":\"Hostname\",\"address\":\"$n\"}]}}" >/dev/null 2>&1
+    -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"$ip\"},{\"type\":\"Hostname\",\"address\":\"$n\"}]}}" >/dev/null 2>&1
 }
 
 wait_node_ready() {
-  local c=$1 nd n deadline=$((SECONDS + ${XCC_TESTBED_NODE_TIMEOUT:-120})) st=""
-  nd=$(node_dir "$c")
-  n=$(node_name "$c")
-  node_ports "$c"
+  local c=$1 i=$2 nd n ip deadline=$((SECONDS + ${XCC_TESTBED_NODE_TIMEOUT:-120})) st="" part
+  nd=$(node_dir "$c" "$i")
+  n=$(node_name "$c" "$i")
+  ip=$(node_ip "$c" "$i")
+  node_ports "$c" "$i"
   while :; do
     # the kubelet itself answers (a Ready condition can be left over from before a restart)
-    if curl -sf --max-time 2 "http://127.0.0.1:$kubelet_healthz/healthz" >/dev/null 2>&1 &&
-      node_addresses "$c"; then
+    if curl -sf --max-time 2 "http://$ip:$kubelet_healthz/healthz" >/dev/null 2>&1 &&
+      node_addresses "$c" "$i"; then
       st=$("$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig" get node "$n" \
         -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
       [ "$st" = True ] && return 0
     fi
     for part in containerd kubelet; do
-      part_running "$c" $part && continue
-      echo "testbed: $part of the node of '$c' exited; last lines of $nd/$part.log:" >&2
+      part_running "$c" "$(part_of_node $part "$i")" && continue
+      echo "testbed: $part of node $n of '$c' exited; last lines of $nd/$part.log:" >&2
       tail -n 20 "$nd/$part.log" >&2
       exit 1
     done
@@ -281,65 +335,87 @@ wait_node_ready() {
   done
 }
 
+# start_node CLUSTER I: node I's containerd (waited for: the pause image is imported) and kubelet
+# (not waited for: wait_node_ready, so that the nodes of a cluster start side by side).
 start_node() {
-  local c=$1 nd
-  nd=$(node_dir "$c")
+  local c=$1 i=$2 nd
+  nd=$(node_dir "$c" "$i")
   node_need_packages
   mkdir -p "$nd"
   make_node_pki "$c"
-  write_node_config "$c"
-  make_node_ns "$c"
-  if ! part_running "$c" containerd; then
+  make_kubelet_pki "$c" "$i"
+  write_node_config "$c" "$i"
+  make_node_ns "$c" "$i"
+  if ! part_running "$c" "$(part_of_node containerd "$i")"; then
     setsid nsenter --mount="$nd/mntns" -- "$(containerd_bin)" --config "$nd/containerd.toml" \
       >>"$nd/containerd.log" 2>&1 </dev/null 9>&- &
     proc_record $! "$nd/containerd.pid"
     local deadline=$((SECONDS + 30))
-    until node_ctr "$c" version >/dev/null 2>&1; do
-      proc_alive "$nd/containerd.pid" || { tail -n 15 "$nd/containerd.log" >&2; die "containerd of '$c' exited during start-up"; }
-      [ $SECONDS -lt $deadline ] || { tail -n 15 "$nd/containerd.log" >&2; die "containerd of '$c' not answering in 30s"; }
+    until node_ctr "$c" "$i" version >/dev/null 2>&1; do
+      proc_alive "$nd/containerd.pid" || { tail -n 15 "$nd/containerd.log" >&2; die "containerd of node $i of '$c' exited during start-up"; }
+      [ $SECONDS -lt $deadline ] || { tail -n 15 "$nd/containerd.log" >&2; die "containerd of node $i of '$c' not answering in 30s"; }
       sleep 0.1
     done
   fi
-  node_ctr "$c" images ls -q | grep -qx "$NODE_PAUSE_IMAGE" || import_image "$c" "$(pause_archive)"
-  if ! part_running "$c" kubelet; then
+  node_ctr "$c" "$i" images ls -q | grep -qx "$NODE_PAUSE_IMAGE" || import_image "$c" "$(pause_archive)" "$i"
+  if ! part_running "$c" "$(part_of_node kubelet "$i")"; then
+    make_node_cgroup "$c" "$i"
     setsid nsenter --mount="$nd/mntns" -- "$bin/kubelet" --root-dir "$nd/kubelet" \
       --config "$nd/kubelet.yaml" --kubeconfig "$nd/kubelet.kubeconfig" \
-      --cert-dir "$nd/kubelet/pki" --hostname-override "$(node_name "$c")" --node-ip 127.0.0.1 \
+      --cert-dir "$nd/kubelet/pki" --hostname-override "$(node_name "$c" "$i")" --node-ip "$(node_ip "$c" "$i")" \
       >>"$nd/kubelet.log" 2>&1 </dev/null 9>&- &
     proc_record $! "$nd/kubelet.pid"
   fi
-  wait_node_ready "$c"
 }
 
-# stop_node CLUSTER SIGNAL: the kubelet, then containerd. The pods' containers keep running under
-# their shims, as when a real node's agents restart; start_node picks them up again.
+# make_node_cgroup CLUSTER I: node I's cgroup root in every v1 hierarchy (the kubelet checks that
+# it exists; below it, it creates what it needs).
+make_node_cgroup() {
+  local root h
+  root=$(node_cgroup_root "$1" "$2")
+  for h in /sys/fs/cgroup/*/; do
+    [ "$h" = /sys/fs/cgroup/unified/ ] && continue
+    mkdir -p "$h${root#/}"
+  done
+}
+
+# start_nodes CLUSTER: every node of the cluster, then waits until each is Ready.
+start_nodes() {
+  local c=$1 i
+  for i in $(node_indexes "$c"); do start_node "$c" "$i"; done
+  for i in $(node_indexes "$c"); do wait_node_ready "$c" "$i"; done
+}
+
+# stop_node CLUSTER I SIGNAL: node I's kubelet, then its containerd. The pods' containers keep
+# running under their shims, as when a real node's agents restart; start_node picks them up again.
 stop_node() {
-  signal_part "$1" kubelet "$2"
-  signal_part "$1" containerd "$2"
+  signal_part "$1" "$(part_of_node kubelet "$2")" "$3"
+  signal_part "$1" "$(part_of_node containerd "$2")" "$3"
 }
 
-# remove_node CLUSTER: every container of the node, its processes and its mount namespace, so the
-# node's directory can be deleted. Containers go through containerd when it answers; whatever is
-# left (containerd killed before) is found by the shims' command lines, which name this node's
-# socket: the shims' children (each container's first process) and the shims get SIGKILL.
+# remove_node CLUSTER I: every container of node I, its processes, cgroups and mount namespace,
+# so the node's directory can be deleted. Containers go through containerd when it answers;
+# whatever is left (containerd killed before) is found by the shims' command lines, which name
+# this node's socket: the shims' children (each container's first process) and the shims get
+# SIGKILL. Nothing of another node is matched: its socket and cgroup parent are other paths.
 remove_node() {
-  local c=$1 nd sock t pid child
-  nd=$(node_dir "$c")
+  local c=$1 i=$2 nd sock t pid child
+  nd=$(node_dir "$c" "$i")
   [ -d "$nd" ] || return 0
   sock="$nd/containerd/containerd.sock"
-  signal_part "$c" kubelet TERM
-  if part_running "$c" containerd; then
-    for t in $(node_ctr "$c" tasks ls -q 2>/dev/null); do
-      node_ctr "$c" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
+  signal_part "$c" "$(part_of_node kubelet "$i")" TERM
+  if part_running "$c" "$(part_of_node containerd "$i")"; then
+    for t in $(node_ctr "$c" "$i" tasks ls -q 2>/dev/null); do
+      node_ctr "$c" "$i" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
     done
-    for t in $(node_ctr "$c" tasks ls -q 2>/dev/null); do
-      node_ctr "$c" tasks rm -f "$t" >/dev/null 2>&1 || true
+    for t in $(node_ctr "$c" "$i" tasks ls -q 2>/dev/null); do
+      node_ctr "$c" "$i" tasks rm -f "$t" >/dev/null 2>&1 || true
     done
-    for t in $(node_ctr "$c" containers ls -q 2>/dev/null); do
-      node_ctr "$c" containers rm "$t" >/dev/null 2>&1 || true
+    for t in $(node_ctr "$c" "$i" containers ls -q 2>/dev/null); do
+      node_ctr "$c" "$i" containers rm "$t" >/dev/null 2>&1 || true
     done
   fi
-  signal_part "$c" containerd TERM
+  signal_part "$c" "$(part_of_node containerd "$i")" TERM
   for pid in $(pgrep -f -- "-address $sock" 2>/dev/null || true); do
     proc_record "$pid" "$nd/shim.pid"
     proc_is "$nd/shim.pid" /usr/bin/containerd-shim-runc-v2 "-address $sock" || continue
@@ -351,22 +427,16 @@ remove_node() {
     proc_signal "$nd/shim.pid" /usr/bin/containerd-shim-runc-v2 "-address $sock" KILL
   done
   rm -f "$nd/shim.pid"
-  # containerd removes a task's cgroups (/k8s.io/ID in every v1 hierarchy) when the task is
-  # deleted; after a SIGKILL it could not: remove those of this node's tasks (the ids are the
-  # directories of containerd's task state), once empty. rmdir never removes a cgroup in use.
-  local ids=() id cg deadline=$((SECONDS + 10))
-  for id in "$nd"/containerd/state/io.containerd.runtime.v2.task/k8s.io/*; do
-    [ -d "$id" ] && ids+=("$(basename "$id")")
-  done
-  for id in "${ids[@]}"; do
-    for cg in /sys/fs/cgroup/*/k8s.io/"$id"; do
-      [ -d "$cg" ] || continue
-      until rmdir "$cg" 2>/dev/null; do
-        [ $SECONDS -lt $deadline ] || { log "cgroup $cg still in use; left in place"; break; }
-        sleep 0.1
-      done
+  # containerd removes a task's cgroups (<node's cgroup parent>/ID in every v1 hierarchy) when
+  # the task is deleted; after a SIGKILL it could not: remove what is left under this node's
+  # parent, deepest first, then the parent. rmdir never removes a cgroup in use.
+  local root cg deadline=$((SECONDS + 10))
+  root=$(node_cgroup_root "$c" "$i")
+  for cg in $(find /sys/fs/cgroup/*"$root" -depth -type d 2>/dev/null || true); do
+    until rmdir "$cg" 2>/dev/null; do
+      [ $SECONDS -lt $deadline ] || { log "cgroup $cg still in use; left in place"; break; }
+      sleep 0.1
     done
   done
-  rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null || true
-  if node_ns_ready "$c"; then umount "$nd/mntns" || umount -l "$nd/mntns"; fi
+  if node_ns_ready "$c" "$i"; then umount "$nd/mntns" || umount -l "$nd/mntns"; fi
 }

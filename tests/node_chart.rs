@@ -4,8 +4,9 @@
 //! becomes Ready through the chart's probes, reads its static remote (east) from the mounted
 //! Secret, and mirrors; the kubelet enforces the chart's security settings on the running
 //! container; a rolling restart and a deleted pod hand the Lease over without losing a follower.
-//! The bed has one node and no pod network: one replica (two host-network replicas cannot share
-//! a node's ports), `hostNetwork`, and the API server's loopback address.
+//! The bed's cluster `nodal` has one node and no pod network: one replica (two host-network
+//! replicas cannot share a node's ports; tests/node_replicas.rs runs two on a cluster with two
+//! nodes), `hostNetwork`, and the API server's loopback address.
 mod support;
 
 use std::path::Path;
@@ -16,27 +17,18 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
-use kube::config::Kubeconfig;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{BIN, free_port};
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::node::{kubectl, node_cluster};
+use support::node::{api_port, chart_image, kubectl, lease_holder, node_cluster, pod_ready};
 use support::remotes::{leader, remote_slice};
 use support::tools::{CHART, helm, run};
-use support::{REMOTE, bed, bed_cmd, client, eventually, namespace_in, obj, present, repo_root};
+use support::{REMOTE, bed, client, eventually, namespace_in, obj, present};
 
 const CLUSTER: &str = "nodal";
 const WAIT: Duration = Duration::from_secs(120);
 const RELEASE: &str = "xcc";
-
-fn ready(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
 
 /// The one Ready pod of the release (and not being deleted).
 async fn ready_pod(pods: &Api<Pod>) -> Result<Pod, String> {
@@ -45,7 +37,7 @@ async fn ready_pod(pods: &Api<Pod>) -> Result<Pod, String> {
     let live: Vec<&Pod> = list
         .items
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && ready(p))
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
         .collect();
     match live.as_slice() {
         [one] => Ok((*one).clone()),
@@ -65,32 +57,7 @@ async fn ready_pod(pods: &Api<Pod>) -> Result<Pod, String> {
 }
 
 async fn holder(leases: &Api<Lease>) -> Result<String, String> {
-    let l = leases
-        .get("cross-cluster-controller")
-        .await
-        .map_err(|e| e.to_string())?;
-    l.spec
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| "no holder".to_string())
-}
-
-/// The port of `context`'s API server in the bed's kubeconfig.
-fn api_port(kubeconfig: &Path, context: &str) -> String {
-    let kc = Kubeconfig::read_from(kubeconfig).expect("bed kubeconfig");
-    let server = kc
-        .clusters
-        .iter()
-        .find(|c| c.name == context)
-        .and_then(|c| c.cluster.as_ref())
-        .and_then(|c| c.server.clone())
-        .expect("the cluster's server");
-    server
-        .rsplit(':')
-        .next()
-        .expect("a port")
-        .trim_end_matches('/')
-        .to_string()
+    lease_holder(leases, "cross-cluster-controller").await
 }
 
 /// `key:\tvalue` of /proc/PID/status.
@@ -123,14 +90,7 @@ fn container_pid(bed_dir: &Path, container_id: &str) -> String {
 async fn the_chart_runs_as_pods_with_its_in_cluster_identity_and_hands_the_lease_over() {
     node_cluster(CLUSTER).await;
     let bed = bed().await;
-    let setup = Instant::now();
-    let built = run(Command::new("bash").arg(repo_root().join("scripts/build-image")));
-    let archive = repo_root().join("target/image/cross-cluster-controller.oci.tar");
-    let archive_s = archive.to_str().expect("utf-8 path").to_string();
-    tokio::task::spawn_blocking(move || bed_cmd(&["import", CLUSTER, &archive_s]))
-        .await
-        .unwrap();
-    let image_ready = setup.elapsed();
+    let (built, image_ready) = chart_image(CLUSTER).await;
     let ns = namespace_in("node-chart", &[REMOTE, CLUSTER]).await;
     let nodal = client(CLUSTER).await;
     let pods: Api<Pod> = Api::namespaced(nodal.clone(), &ns.name);

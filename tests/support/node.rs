@@ -1,23 +1,95 @@
-//! A cluster of the bed with one node (`testbed/bed node NAME`, see testbed/node.sh): a kubelet
-//! and containerd whose pods use the host network (address 127.0.0.1), and images built here
-//! from a binary (`testbed/bed image`), since there is no registry.
+//! A cluster of the bed with nodes (`testbed/bed node NAME [COUNT]`, see testbed/node.sh): each
+//! a kubelet and containerd whose pods use the host network (node I at address 127.0.0.I), and
+//! images built here from a binary (`testbed/bed image`), since there is no registry.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::config::Kubeconfig;
+
+use super::tools::run;
 use super::{bed_cmd, repo_root};
 
 /// Brings up cluster `name` with its node (idempotent, locked: every test of a run shares it) and
 /// waits until the node is Ready; fails the test with the bed's own error text otherwise.
 pub async fn node_cluster(name: &'static str) {
-    tokio::task::spawn_blocking(move || bed_cmd(&["node", name]))
+    node_cluster_with(name, 1).await
+}
+
+/// Brings up cluster `name` with `count` nodes (a cluster never loses nodes) and waits until
+/// every one is Ready.
+pub async fn node_cluster_with(name: &'static str, count: u8) {
+    tokio::task::spawn_blocking(move || bed_cmd(&["node", name, &count.to_string()]))
         .await
         .expect("bed task");
 }
 
-/// The node's name in cluster `cluster`.
+/// The (first) node's name in cluster `cluster`.
 pub fn node_name(cluster: &str) -> String {
     format!("{cluster}-node")
+}
+
+/// Node `i` (1, 2, ...) of `cluster`: its name and its address.
+pub fn node_at(cluster: &str, i: u8) -> (String, String) {
+    let name = if i == 1 {
+        node_name(cluster)
+    } else {
+        format!("{cluster}-node-{i}")
+    };
+    (name, format!("127.0.0.{i}"))
+}
+
+/// Builds the daemon's image (scripts/build-image: the release binary and the Dockerfile) and
+/// imports it into every node of `cluster`: build-image's output and the time both took.
+pub async fn chart_image(cluster: &'static str) -> (String, Duration) {
+    let setup = Instant::now();
+    let built = run(Command::new("bash").arg(repo_root().join("scripts/build-image")));
+    let archive = repo_root().join("target/image/cross-cluster-controller.oci.tar");
+    let archive = archive.to_str().expect("utf-8 path").to_string();
+    tokio::task::spawn_blocking(move || bed_cmd(&["import", cluster, &archive]))
+        .await
+        .expect("bed task");
+    (built, setup.elapsed())
+}
+
+/// Running, with its Ready condition true.
+pub fn pod_ready(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The holder of Lease `name`, if it has one.
+pub async fn lease_holder(leases: &Api<Lease>, name: &str) -> Result<String, String> {
+    let l = leases.get(name).await.map_err(|e| e.to_string())?;
+    l.spec
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| "no holder".to_string())
+}
+
+/// The port of `context`'s API server in the bed's kubeconfig.
+pub fn api_port(kubeconfig: &Path, context: &str) -> String {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("bed kubeconfig");
+    let server = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .expect("the cluster's server");
+    server
+        .rsplit(':')
+        .next()
+        .expect("a port")
+        .trim_end_matches('/')
+        .to_string()
 }
 
 /// Compiles one C file of the repository into a static binary in `out_dir` (gcc -static: the
