@@ -304,6 +304,20 @@ async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> 
 /// The floor: these followers written into `ns` directly (32 in flight, each slice after its
 /// Service, owned by it), timed until the watch counters see them all.
 async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
+    floor_of(west, ns, want, Anatomy::default()).await
+}
+
+/// What a floor measurement leaves out, to see what each part of the floor costs
+/// (`XCC_BENCH_FLOOR_ANATOMY=1`).
+#[derive(Clone, Copy, Default)]
+struct Anatomy {
+    /// slices without their ownerReference (no garbage-collector work)
+    no_owners: bool,
+    /// no watch counting the objects: timed until the last write is answered
+    unwatched: bool,
+}
+
+async fn floor_of(west: &Client, ns: &str, want: &[Follower], a: Anatomy) -> Res<f64> {
     let pp = PostParams {
         field_manager: Some(cross_cluster_controller::writer::FIELD_MANAGER.into()),
         ..Default::default()
@@ -312,10 +326,15 @@ async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
         Api::<Service>::namespaced(west.clone(), ns),
         Api::<EndpointSlice>::namespaced(west.clone(), ns),
     );
-    let (mut seen_svcs, mut seen_slices) = counters(west, ns);
-    // the counters list first (an empty namespace), as the daemon's run starts them
-    seen_svcs.wait_for(Option::is_some).await?;
-    seen_slices.wait_for(Option::is_some).await?;
+    let mut seen = if a.unwatched {
+        None
+    } else {
+        let (mut svcs, mut slices) = counters(west, ns);
+        // the counters list first (an empty namespace), as the daemon's run starts them
+        svcs.wait_for(Option::is_some).await?;
+        slices.wait_for(Option::is_some).await?;
+        Some((svcs, slices))
+    };
     let start = Instant::now();
     stream::iter(want)
         .map(|f| {
@@ -325,11 +344,10 @@ async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
                 svc.metadata.namespace = Some(ns.to_string());
                 let created = svcs.create(&pp, &svc).await?;
                 let mut own = f.slices.clone();
-                set_slice_owner(
-                    &mut own,
-                    &created.name_any(),
-                    &created.uid().unwrap_or_default(),
-                );
+                if !a.no_owners {
+                    let uid = created.uid().unwrap_or_default();
+                    set_slice_owner(&mut own, &created.name_any(), &uid);
+                }
                 for mut s in own {
                     s.metadata.namespace = Some(ns.to_string());
                     slices.create(&pp, &s).await?;
@@ -340,16 +358,10 @@ async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
         .buffer_unordered(PARALLEL)
         .try_collect::<Vec<_>>()
         .await?;
-    let n_slices = want.iter().map(|f| f.slices.len()).sum();
-    let limit = Duration::from_secs(900);
-    reach(
-        &mut seen_svcs,
-        want.len(),
-        &mut seen_slices,
-        n_slices,
-        limit,
-    )
-    .await?;
+    if let Some((svcs, slices)) = seen.as_mut() {
+        let n_slices = want.iter().map(|f| f.slices.len()).sum();
+        reach(svcs, want.len(), slices, n_slices, Duration::from_secs(900)).await?;
+    }
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -423,6 +435,36 @@ pub async fn spread(
     same_as_written(&west, &ns, &want).await?;
     let floor_after = floor(&west, &format!("{ns}-floor-b"), &want).await?;
     let floor_s = (floor_before + floor_after) / 2.0;
+    if std::env::var("XCC_BENCH_FLOOR_ANATOMY").as_deref() == Ok("1") {
+        for (part, a) in [
+            (
+                "unwatched",
+                Anatomy {
+                    no_owners: false,
+                    unwatched: true,
+                },
+            ),
+            (
+                "no ownerReferences",
+                Anatomy {
+                    no_owners: true,
+                    unwatched: false,
+                },
+            ),
+            (
+                "neither",
+                Anatomy {
+                    no_owners: true,
+                    unwatched: true,
+                },
+            ),
+        ] {
+            let part_ns = format!("{ns}-{}", part.replace(' ', "-").to_lowercase());
+            create_ns(&west, &part_ns).await?;
+            let t = floor_of(&west, &part_ns, &want, a).await?;
+            eprintln!("{label} floor anatomy: the daemon's objects, {part}: {t:.2}s");
+        }
+    }
     eprintln!(
         "{label} floor after the daemon: {floor_after:.2}s; ratio {:.2}",
         converge / floor_s
