@@ -127,7 +127,8 @@ pub struct Args {
     pub sweep_list_timeout_seconds: u64,
 
     /// An API server (remote or local) that sends nothing for this long is treated as unreachable:
-    /// it bounds each connection attempt and each response, and watches are renewed at this
+    /// it bounds each connection attempt and each response (and each local write as a whole: one
+    /// not answered in time fails and is retried), and watches are renewed at this
     /// interval so a quiet healthy one never trips it. A hanging remote shows on /readyz within
     /// about twice this.
     #[arg(long, env = "API_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(2..=290))]
