@@ -59,6 +59,17 @@ async fn read_kubeconfig(path: Option<&Path>, what: &str) -> Result<Kubeconfig> 
     }
 }
 
+/// The configuration of `context` (else the current one) in the kubeconfig at `path` (else the
+/// default loading rules), with errors that name `what`.
+pub async fn kubeconfig_config(
+    path: Option<&Path>,
+    context: Option<&str>,
+    what: &str,
+) -> Result<Config> {
+    let kc = read_kubeconfig(path, what).await?;
+    from_kubeconfig(kc, context, what).await
+}
+
 pub async fn local_config(args: &Args) -> Result<Config> {
     if args.devmode {
         let kc = read_kubeconfig(None, "local (dev mode, default)").await?;

@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Event, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use serde::Serialize;
 
@@ -351,15 +350,7 @@ async fn client(args: &StatusArgs) -> Result<Client, String> {
     let config = match (&args.kubeconfig, &args.context) {
         (None, None) => Config::infer().await.map_err(|e| e.to_string())?,
         (path, context) => {
-            let kc = match path {
-                Some(p) => Kubeconfig::read_from(p).map_err(|e| format!("{}: {e}", p.display()))?,
-                None => Kubeconfig::read().map_err(|e| e.to_string())?,
-            };
-            let opts = KubeConfigOptions {
-                context: context.clone(),
-                ..Default::default()
-            };
-            Config::from_custom_kubeconfig(kc, &opts)
+            crate::clients::kubeconfig_config(path.as_deref(), context.as_deref(), "local cluster")
                 .await
                 .map_err(|e| e.to_string())?
         }

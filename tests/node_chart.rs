@@ -14,17 +14,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
-use support::daemon::{BIN, free_port};
+use support::daemon::free_port;
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::node::{api_port, chart_image, kubectl, lease_holder, node_cluster, pod_ready};
+use support::node::{
+    api_port, chart_image, kubectl, lease_holder, node_cluster, pod_ready, remote_kubeconfig_secret,
+};
 use support::remotes::{leader, remote_slice};
 use support::tools::{CHART, helm, run};
-use support::{REMOTE, bed, client, eventually, namespace_in, obj, present};
+use support::{REMOTE, bed, client, eventually, namespace_in, present};
 
 const CLUSTER: &str = "nodal";
 const WAIT: Duration = Duration::from_secs(120);
@@ -99,28 +100,7 @@ async fn the_chart_runs_as_pods_with_its_in_cluster_identity_and_hands_the_lease
     let follower_slices: Api<EndpointSlice> = Api::namespaced(nodal.clone(), &ns.name);
 
     // the static remote's kubeconfig, minted by remote-access against east, in a Secret
-    let kc = run(Command::new(BIN)
-        .args(["remote-access", "--kubeconfig"])
-        .arg(&bed.kubeconfig)
-        .args([
-            "--context",
-            REMOTE,
-            "--namespace",
-            &ns.name,
-            "--duration",
-            "1h",
-        ])
-        .args(["--output", "kubeconfig", "--cluster-name", "east"]));
-    let secrets: Api<Secret> = Api::namespaced(nodal.clone(), &ns.name);
-    secrets
-        .create(
-            &PostParams::default(),
-            &obj(
-                json!({"metadata": {"name": "east-kubeconfig"}, "stringData": {"kubeconfig": kc}}),
-            ),
-        )
-        .await
-        .unwrap();
+    remote_kubeconfig_secret(&nodal, &bed.kubeconfig, REMOTE, &ns.name).await;
     let sets = [
         "image.repository=localhost/cross-cluster-controller".to_string(),
         "image.tag=dev".into(),

@@ -26,22 +26,22 @@ use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, EvictParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::daemon::{BIN, free_port, gauge_value, metric_value};
+use support::daemon::{free_port, gauge_value, http_get_at, metric_value};
 use support::fault::{Lost, Report, Snapshot, conclude, snapshot};
 use support::node::{
     api_port, chart_image, kubectl, lease_holder, node_at, node_cluster_with, pod_ready,
+    remote_kubeconfig_secret,
 };
 use support::remotes::{leader, remote_slice};
 use support::tools::{CHART, helm, run};
-use support::{REMOTE, bed, client, config, eventually, namespace_in, obj, present};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{REMOTE, bed, client, config, eventually, namespace_in, present};
 use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "pair";
@@ -88,6 +88,14 @@ impl Timeline {
             .filter(|(t, _)| *t >= from)
             .cloned()
             .collect()
+    }
+
+    /// How many updates of the follower's slice the watch saw since `from`.
+    fn slice_updates_since(&self, from: Instant) -> usize {
+        self.since(from)
+            .iter()
+            .filter(|(_, s)| matches!(s, Seen::Slice(_)))
+            .count()
     }
 
     /// When the watch first saw `pod` marked for deletion.
@@ -274,28 +282,14 @@ fn tick(
     })
 }
 
-/// A plain HTTP/1.0 GET: (status code, body).
-async fn http_get(ip: &str, port: u16, path: &str) -> Result<(u16, String), String> {
-    let mut s = tokio::net::TcpStream::connect((ip, port))
+/// A pod's /metrics on its node's address (off the runtime's thread: the watches timing the
+/// handovers run on it).
+async fn scrape(ip: String, port: u16) -> Result<String, String> {
+    let get = move || http_get_at(&ip, port, "/metrics", Duration::from_secs(5));
+    let (_, body) = tokio::task::spawn_blocking(get)
         .await
-        .map_err(|e| format!("{ip}:{port}: {e}"))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .await
-        .map_err(|e| e.to_string())?;
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
+        .map_err(|e| e.to_string())??;
+    Ok(body)
 }
 
 /// The release's pods that are not being deleted.
@@ -357,8 +351,8 @@ async fn one_writer(pods: &Api<Pod>, leases: &Api<Lease>, port: u16) -> Result<(
         (false, true) => (ready[1], ready[0]),
         _ => return Err(format!("holder {h} is not one of the pods")),
     };
-    let lm = http_get(&ip_of(l), port, "/metrics").await?.1;
-    let sm = http_get(&ip_of(s), port, "/metrics").await?.1;
+    let lm = scrape(ip_of(l), port).await?;
+    let sm = scrape(ip_of(s), port).await?;
     let (lg, sg) = (
         gauge_value(&lm, "xcc_leader", &[]),
         gauge_value(&sm, "xcc_leader", &[]),
@@ -501,12 +495,7 @@ impl Release {
         // steady state first: the leader mirrors the changes
         let warm = Instant::now();
         eventually("east's changes mirrored before the fault", WAIT, || async {
-            let n = self
-                .timeline
-                .since(warm)
-                .iter()
-                .filter(|(_, s)| matches!(s, Seen::Slice(_)))
-                .count();
+            let n = self.timeline.slice_updates_since(warm);
             if n >= 3 {
                 Ok(())
             } else {
@@ -530,12 +519,7 @@ impl Release {
                     .last()
                     .cloned()
                     .ok_or("no takeover seen yet")?;
-                let n = self
-                    .timeline
-                    .since(since)
-                    .iter()
-                    .filter(|(_, s)| matches!(s, Seen::Slice(_)))
-                    .count();
+                let n = self.timeline.slice_updates_since(since);
                 if n >= 3 {
                     Ok(())
                 } else {
@@ -599,28 +583,7 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
     let evictions: Api<Pod> = Api::namespaced(Client::try_from(once).unwrap(), &ns.name);
 
     // the static remote east, as in tests/node_chart.rs
-    let kc = run(std::process::Command::new(BIN)
-        .args(["remote-access", "--kubeconfig"])
-        .arg(&bed_paths.kubeconfig)
-        .args(["--context", REMOTE, "--namespace", &ns.name])
-        .args([
-            "--duration",
-            "1h",
-            "--output",
-            "kubeconfig",
-            "--cluster-name",
-            "east",
-        ]));
-    let secrets: Api<Secret> = Api::namespaced(pair.clone(), &ns.name);
-    secrets
-        .create(
-            &PostParams::default(),
-            &obj(
-                json!({"metadata": {"name": "east-kubeconfig"}, "stringData": {"kubeconfig": kc}}),
-            ),
-        )
-        .await
-        .unwrap();
+    remote_kubeconfig_secret(&pair, &bed_paths.kubeconfig, REMOTE, &ns.name).await;
     // the admin port, free on both nodes' addresses
     let port = loop {
         let p = free_port();

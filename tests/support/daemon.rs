@@ -280,7 +280,17 @@ impl Daemon {
 
 /// A plain HTTP/1.0 GET on a loopback port: (status code, body).
 pub fn http_get(port: u16, path: &str, timeout: Duration) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    http_get_at("127.0.0.1", port, path, timeout)
+}
+
+/// A plain HTTP/1.0 GET on `ip`:`port` (a node's address, 127.0.0.I): (status code, body).
+pub fn http_get_at(
+    ip: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect((ip, port)).map_err(|e| format!("{ip}:{port}: {e}"))?;
     s.set_read_timeout(Some(timeout)).ok();
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
     let mut body = String::new();

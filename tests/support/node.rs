@@ -14,6 +14,28 @@ use kube::config::Kubeconfig;
 use super::tools::run;
 use super::{bed_cmd, repo_root};
 
+/// The static remote the chart mounts: a kubeconfig for `remote` minted by `remote-access`
+/// (cluster name east, valid 1 h), in the Secret `east-kubeconfig` of `ns` on `local`.
+pub async fn remote_kubeconfig_secret(
+    local: &kube::Client,
+    kubeconfig: &Path,
+    remote: &str,
+    ns: &str,
+) {
+    let kc = run(Command::new(super::daemon::BIN)
+        .args(["remote-access", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(["--context", remote, "--namespace", ns, "--duration", "1h"])
+        .args(["--output", "kubeconfig", "--cluster-name", "east"]));
+    let secret: k8s_openapi::api::core::v1::Secret = super::obj(serde_json::json!({
+        "metadata": {"name": "east-kubeconfig"}, "stringData": {"kubeconfig": kc}
+    }));
+    Api::namespaced(local.clone(), ns)
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
 /// Brings up cluster `name` with its node (idempotent, locked: every test of a run shares it) and
 /// waits until the node is Ready; fails the test with the bed's own error text otherwise.
 pub async fn node_cluster(name: &'static str) {
