@@ -114,6 +114,25 @@ pub async fn client(context: &str) -> Client {
     Client::try_from(config(context).await).expect("build client")
 }
 
+/// The ClusterIP prefix ("10.97.") of the range `context`'s API server allocates from, read from
+/// its `default/kubernetes` Service (the range's first address). The bed gives each cluster its
+/// own /16 in the order it started them (after the demo, north has one), so a test reads it
+/// instead of assuming it.
+pub async fn service_prefix(context: &str) -> String {
+    let api: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client(context).await, "default");
+    let ip = api
+        .get("kubernetes")
+        .await
+        .unwrap_or_else(|e| panic!("{context}: the kubernetes Service: {e}"))
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .unwrap_or_else(|| panic!("{context}: the kubernetes Service has no ClusterIP"));
+    let octets: Vec<&str> = ip.split('.').collect();
+    assert_eq!(octets.len(), 4, "{context}: not an IPv4 ClusterIP: {ip}");
+    format!("{}.{}.", octets[0], octets[1])
+}
+
 /// A namespace of the same name in every cluster of the bed, deleted when dropped.
 pub struct TestNs {
     pub name: String,
