@@ -1,0 +1,228 @@
+//! docs/reference.md is generated from the code: the flags (clap's definitions, with their
+//! environment variables and defaults), the metrics (the registry as the daemon publishes it),
+//! and the labels and annotations a follower carries. This test fails when the page drifts from
+//! the code; `XCC_WRITE_REFERENCE=1 cargo test --test reference` writes it anew.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use clap::CommandFactory;
+use cross_cluster_controller::args::Cli;
+use cross_cluster_controller::desired::{
+    self, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
+    SKIP_MIRROR_LABEL,
+};
+use cross_cluster_controller::metrics::Metrics;
+
+const PAGE: &str = "docs/reference.md";
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('|', "\\|")
+}
+
+/// One table row per flag of `cmd` (help and version aside).
+fn flags(cmd: &clap::Command) -> String {
+    let mut out = String::from("| flag | environment | default | what |\n|---|---|---|---|\n");
+    for arg in cmd.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if matches!(long, "help" | "version") {
+            continue;
+        }
+        let env = arg
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_default();
+        let default: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let default = if default.is_empty() {
+            String::new()
+        } else {
+            format!("`{}`", default.join(","))
+        };
+        let help = arg
+            .get_long_help()
+            .or_else(|| arg.get_help())
+            .map(|h| one_line(&h.to_string()))
+            .unwrap_or_default();
+        let _ = writeln!(out, "| `--{long}` | {env} | {default} | {help} |");
+    }
+    out
+}
+
+/// Every metric family the daemon publishes (with one remote joined), its type, its label names
+/// and its help text, from the registry's own exposition.
+fn metrics() -> String {
+    let m = Metrics::new();
+    m.init_remote("REMOTE");
+    let page = m.render();
+    let mut families: BTreeMap<String, (String, String, Vec<String>)> = BTreeMap::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            families.entry(name.to_string()).or_default().0 = help.trim_end_matches('.').into();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            families.entry(name.to_string()).or_default().1 = kind.into();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.split(' ').next().unwrap_or_default();
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            let family = families
+                .keys()
+                .filter(|f| name.starts_with(f.as_str()))
+                .max_by_key(|f| f.len())
+                .cloned()
+                .unwrap_or_else(|| name.to_string());
+            let entry = families.entry(family).or_default();
+            for pair in labels.trim_end_matches('}').split(',') {
+                if let Some((k, _)) = pair.split_once('=')
+                    && k != "le"
+                    && !entry.2.iter().any(|l| l == k)
+                {
+                    entry.2.push(k.to_string());
+                }
+            }
+        }
+    }
+    let mut out = String::from("| metric | type | labels | what |\n|---|---|---|---|\n");
+    for (name, (help, kind, labels)) in families {
+        let labels = labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        // what a query names: a counter's samples end in _total
+        let name = if kind == "counter" {
+            format!("{name}_total")
+        } else {
+            name
+        };
+        let _ = writeln!(
+            out,
+            "| `{name}` | {kind} | {labels} | {} |",
+            one_line(&help)
+        );
+    }
+    out
+}
+
+/// The labels and annotations on local objects, with the default label key.
+fn names() -> String {
+    let o = Options {
+        label_key: desired::DEFAULT_LABEL_KEY.into(),
+        cluster_name: String::new(),
+        endpoints_mode: desired::EndpointsMode::Slices,
+        cluster_id: None,
+    };
+    let rows = [
+        (
+            format!("{}=true", o.label_key),
+            "label",
+            "on a remote Service: export it (a leader)",
+        ),
+        (
+            o.follower_selector(),
+            "label",
+            "on every local object the daemon owns (follower Services, EndpointSlices, Endpoints)",
+        ),
+        (
+            o.origin_cluster_annotation(),
+            "annotation; label on slices",
+            "the remote a follower (or slice) comes from",
+        ),
+        (
+            o.origin_cluster_id_annotation(),
+            "annotation",
+            "that remote's cluster id (its kube-system uid)",
+        ),
+        (
+            o.origin_clusters_annotation(),
+            "annotation",
+            "every remote a merged follower carries (its deletion needs each one's proof)",
+        ),
+        (
+            o.origin_object_annotation(),
+            "annotation",
+            "namespace/name of the remote leader",
+        ),
+        (
+            o.origin_uid_annotation(),
+            "annotation",
+            "uid of the remote leader",
+        ),
+        (
+            o.copied_labels_annotation(),
+            "annotation",
+            "the label keys copied from the leader",
+        ),
+        (
+            format!("{MANAGED_BY_LABEL}={MANAGED_BY}"),
+            "label",
+            "on follower EndpointSlices",
+        ),
+        (
+            MCS_SOURCE_CLUSTER_LABEL.to_string(),
+            "label",
+            "on follower EndpointSlices: the source cluster (KEP-1645)",
+        ),
+        (
+            format!("{SERVICE_NAME_LABEL}=<follower>"),
+            "label",
+            "on follower EndpointSlices",
+        ),
+        (
+            format!("{SKIP_MIRROR_LABEL}=true"),
+            "label",
+            "on legacy Endpoints when slices are written too (`--endpoints-mode both`)",
+        ),
+    ];
+    let mut out = String::from("| key | kind | what |\n|---|---|---|\n");
+    for (key, kind, what) in rows {
+        let _ = writeln!(out, "| `{key}` | {kind} | {what} |");
+    }
+    out
+}
+
+fn page() -> String {
+    let cli = Cli::command();
+    let mut out = String::from(
+        "# Reference\n\nGenerated from the code by `cargo test --test reference`, which fails when \
+         this page drifts from it (`XCC_WRITE_REFERENCE=1 cargo test --test reference` writes it \
+         anew). Every flag also reads its environment variable.\n\n## Daemon flags\n\n",
+    );
+    out.push_str(&flags(&cli));
+    for sub in cli.get_subcommands() {
+        let _ = write!(out, "\n## `{}` flags\n\n", sub.get_name());
+        if let Some(about) = sub.get_about() {
+            let _ = write!(out, "{}\n\n", one_line(&about.to_string()));
+        }
+        out.push_str(&flags(sub));
+    }
+    out.push_str(
+        "\n## Metrics\n\nOn `--admin-bind`, `/metrics` (one remote shown as `REMOTE`).\n\n",
+    );
+    out.push_str(&metrics());
+    out.push_str("\n## Labels and annotations\n\nWith the default `--label-key`; another key keeps the same shape under its own prefix.\n\n");
+    out.push_str(&names());
+    out
+}
+
+#[test]
+fn reference_page_matches_the_code() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PAGE);
+    let want = page();
+    if std::env::var_os("XCC_WRITE_REFERENCE").is_some() {
+        std::fs::write(&path, &want).expect("write docs/reference.md");
+        return;
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{PAGE} drifted from the code: run `XCC_WRITE_REFERENCE=1 cargo test --test reference` \
+         and commit it"
+    );
+}
