@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::Api;
 use serde_json::{Value, json};
 use support::catcher::Catcher;
 use support::daemon::Daemon;
