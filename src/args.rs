@@ -343,7 +343,10 @@ mod tests {
             (vec!["--label-key", "bad key!"], "--label-key"),
             (vec!["--label-key=-x.com/a"], "--label-key"),
             (vec!["--watch-namespace", "Upper"], "--watch-namespace"),
-            (vec!["--remote-secret-allow-exec", "aws"], "--remote-secret-allow-exec"),
+            (
+                vec!["--remote-secret-allow-exec", "aws"],
+                "--remote-secret-allow-exec",
+            ),
             (
                 vec!["--remote-secret-allow-exec=/bin/aws,../aws"],
                 "--remote-secret-allow-exec",
@@ -360,7 +363,10 @@ mod tests {
     #[test]
     fn allowed_exec_commands_split_on_commas() {
         let a = parse(&["--remote-secret-allow-exec", "/usr/local/bin/aws,/bin/t"]);
-        assert_eq!(a.remote_secret_allow_exec, vec!["/usr/local/bin/aws", "/bin/t"]);
+        assert_eq!(
+            a.remote_secret_allow_exec,
+            vec!["/usr/local/bin/aws", "/bin/t"]
+        );
         assert!(a.validate().is_ok());
         assert!(parse(&[]).remote_secret_allow_exec.is_empty());
     }

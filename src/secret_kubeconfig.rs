@@ -90,9 +90,7 @@ pub enum Refusal {
     InsecureSkipTls { entry: String },
     #[error("{entry}: server {server:?} is refused: only https:// (TLS is always verified)")]
     NotHttps { entry: String, server: String },
-    #[error(
-        "{entry}: {field} is not allowed in a remote Secret's kubeconfig (allowed: {allowed})"
-    )]
+    #[error("{entry}: {field} is not allowed in a remote Secret's kubeconfig (allowed: {allowed})")]
     NotAllowed {
         entry: String,
         field: String,
@@ -147,7 +145,9 @@ fn only(fields: &Map<String, Value>, allowed: &[&str], entry: &str) -> Result<()
             return Err(Refusal::FilePath {
                 entry: entry.to_string(),
                 field,
-                path: value.as_str().map_or_else(|| value.to_string(), str::to_string),
+                path: value
+                    .as_str()
+                    .map_or_else(|| value.to_string(), str::to_string),
                 inline,
             });
         }
@@ -217,8 +217,7 @@ fn check_exec(exec: &Value, entry: &str, allowed_exec: &[String]) -> Result<(), 
         });
     }
     let mut f = fields(exec);
-    if f
-        .remove("env")
+    if f.remove("env")
         .is_some_and(|e| e.as_array().is_none_or(|e| !e.is_empty()))
     {
         return Err(Refusal::ExecEnv {
@@ -279,26 +278,126 @@ mod tests {
 
     /// (cluster, user, allowed exec commands, what the one-line reason must say)
     const REFUSED: &[(&str, &str, &[&str], &str)] = &[
-        (SERVER, "{tokenFile: /var/run/secrets/t}", &[], "user \"r\": tokenFile names a file (\"/var/run/secrets/t\")"),
-        (SERVER, "{client-certificate: /c.crt, client-key-data: S0U=}", &[], "user \"r\": client-certificate names a file"),
-        (SERVER, "{client-certificate-data: Q0U=, client-key: /c.key}", &[], "user \"r\": client-key names a file"),
-        ("{server: 'https://e', certificate-authority: /ca.crt}", "{token: a}", &[], "cluster \"east\": certificate-authority names a file"),
-        ("{server: 'https://e', insecure-skip-tls-verify: true}", "{token: a}", &[], "cluster \"east\": insecure-skip-tls-verify: true is refused"),
-        ("{server: 'http://e'}", "{token: a}", &[], "cluster \"east\": server \"http://e\" is refused"),
-        (SERVER, "{exec: {command: /bin/sh, args: [-c, id]}}", &[], "user \"r\": exec would run \"/bin/sh\""),
-        (SERVER, "{exec: {command: /bin/sh}}", &[AWS], "exec command \"/bin/sh\" is not one --remote-secret-allow-exec allows (/usr/local/bin/aws)"),
-        (SERVER, "{exec: {command: aws}}", &[AWS], "exec command \"aws\" is not one"),
-        (SERVER, "{exec: {command: /usr/local/bin/../bin/aws}}", &[AWS], "is not one"),
-        (SERVER, "{exec: {command: /usr/local/bin/aws, env: [{name: LD_PRELOAD, value: /x.so}]}}", &[AWS], "user \"r\": exec env is refused"),
-        (SERVER, "{exec: {command: /usr/local/bin/aws, shell: yes}}", &[AWS], "user \"r\" exec: shell is not allowed"),
-        (SERVER, "{auth-provider: {name: gcp, config: {cmd-path: /bin/sh}}}", &[], "user \"r\": auth-provider \"gcp\" is refused"),
-        (SERVER, "{auth-provider: {name: oidc, config: {id-token: x}}}", &[AWS], "auth-provider \"oidc\" is refused"),
-        (SERVER, "{username: u, password: p}", &[], "user \"r\": password is not allowed"),
-        (SERVER, "{token: a, as: admin}", &[], "user \"r\": as is not allowed"),
-        (SERVER, "{token: a, as-groups: [system:masters]}", &[], "user \"r\": as-groups is not allowed"),
-        (SERVER, "{token: a, extensions: [{name: x, extension: {}}]}", &[], "user \"r\": extensions is not allowed"),
-        (SERVER, "{token: a, future-field: x}", &[], "user \"r\": future-field is not allowed"),
-        ("{server: 'https://e', extensions: [{name: x, extension: {}}]}", "{token: a}", &[], "cluster \"east\": extensions is not allowed"),
+        (
+            SERVER,
+            "{tokenFile: /var/run/secrets/t}",
+            &[],
+            "user \"r\": tokenFile names a file (\"/var/run/secrets/t\")",
+        ),
+        (
+            SERVER,
+            "{client-certificate: /c.crt, client-key-data: S0U=}",
+            &[],
+            "user \"r\": client-certificate names a file",
+        ),
+        (
+            SERVER,
+            "{client-certificate-data: Q0U=, client-key: /c.key}",
+            &[],
+            "user \"r\": client-key names a file",
+        ),
+        (
+            "{server: 'https://e', certificate-authority: /ca.crt}",
+            "{token: a}",
+            &[],
+            "cluster \"east\": certificate-authority names a file",
+        ),
+        (
+            "{server: 'https://e', insecure-skip-tls-verify: true}",
+            "{token: a}",
+            &[],
+            "cluster \"east\": insecure-skip-tls-verify: true is refused",
+        ),
+        (
+            "{server: 'http://e'}",
+            "{token: a}",
+            &[],
+            "cluster \"east\": server \"http://e\" is refused",
+        ),
+        (
+            SERVER,
+            "{exec: {command: /bin/sh, args: [-c, id]}}",
+            &[],
+            "user \"r\": exec would run \"/bin/sh\"",
+        ),
+        (
+            SERVER,
+            "{exec: {command: /bin/sh}}",
+            &[AWS],
+            "exec command \"/bin/sh\" is not one --remote-secret-allow-exec allows (/usr/local/bin/aws)",
+        ),
+        (
+            SERVER,
+            "{exec: {command: aws}}",
+            &[AWS],
+            "exec command \"aws\" is not one",
+        ),
+        (
+            SERVER,
+            "{exec: {command: /usr/local/bin/../bin/aws}}",
+            &[AWS],
+            "is not one",
+        ),
+        (
+            SERVER,
+            "{exec: {command: /usr/local/bin/aws, env: [{name: LD_PRELOAD, value: /x.so}]}}",
+            &[AWS],
+            "user \"r\": exec env is refused",
+        ),
+        (
+            SERVER,
+            "{exec: {command: /usr/local/bin/aws, shell: yes}}",
+            &[AWS],
+            "user \"r\" exec: shell is not allowed",
+        ),
+        (
+            SERVER,
+            "{auth-provider: {name: gcp, config: {cmd-path: /bin/sh}}}",
+            &[],
+            "user \"r\": auth-provider \"gcp\" is refused",
+        ),
+        (
+            SERVER,
+            "{auth-provider: {name: oidc, config: {id-token: x}}}",
+            &[AWS],
+            "auth-provider \"oidc\" is refused",
+        ),
+        (
+            SERVER,
+            "{username: u, password: p}",
+            &[],
+            "user \"r\": password is not allowed",
+        ),
+        (
+            SERVER,
+            "{token: a, as: admin}",
+            &[],
+            "user \"r\": as is not allowed",
+        ),
+        (
+            SERVER,
+            "{token: a, as-groups: [system:masters]}",
+            &[],
+            "user \"r\": as-groups is not allowed",
+        ),
+        (
+            SERVER,
+            "{token: a, extensions: [{name: x, extension: {}}]}",
+            &[],
+            "user \"r\": extensions is not allowed",
+        ),
+        (
+            SERVER,
+            "{token: a, future-field: x}",
+            &[],
+            "user \"r\": future-field is not allowed",
+        ),
+        (
+            "{server: 'https://e', extensions: [{name: x, extension: {}}]}",
+            "{token: a}",
+            &[],
+            "cluster \"east\": extensions is not allowed",
+        ),
     ];
 
     #[test]
@@ -320,7 +419,10 @@ mod tests {
         assert_eq!(check(&kc(SERVER, user), &aws), Ok(()));
         // allowed or not, a file beside it is still refused
         let user = "{exec: {command: /usr/local/bin/aws}, tokenFile: /t}";
-        assert!(matches!(check(&kc(SERVER, user), &aws), Err(Refusal::FilePath { .. })));
+        assert!(matches!(
+            check(&kc(SERVER, user), &aws),
+            Err(Refusal::FilePath { .. })
+        ));
     }
 
     #[test]
@@ -334,13 +436,27 @@ mod tests {
         assert!(err.starts_with("user \"unused\": tokenFile"), "{err}");
         let mut k = kc(SERVER, "{token: a}");
         k.extensions = Some(vec![]);
-        assert!(check(&k, &[]).unwrap_err().to_string().contains("extensions"));
+        assert!(
+            check(&k, &[])
+                .unwrap_err()
+                .to_string()
+                .contains("extensions")
+        );
     }
 
     #[test]
     fn allowed_commands_are_plain_absolute_paths() {
         assert!(check_allowed_commands(&[AWS.into(), "/bin/x".into()]).is_ok());
-        for bad in ["aws", "./aws", "/usr/../bin/aws", "/usr/./aws", "/usr/bin/", "//x", "/", ""] {
+        for bad in [
+            "aws",
+            "./aws",
+            "/usr/../bin/aws",
+            "/usr/./aws",
+            "/usr/bin/",
+            "//x",
+            "/",
+            "",
+        ] {
             let err = check_allowed_commands(&[bad.into()]).unwrap_err();
             assert!(err.contains("--remote-secret-allow-exec"), "{err}");
         }
