@@ -69,6 +69,13 @@ pub struct Args {
     #[arg(long, env = "REMOTE_REMOVAL_GRACE_SECONDS", default_value_t = 30)]
     pub remote_removal_grace_seconds: u64,
 
+    /// Exec credential plugins a remote Secret's kubeconfig may run, by absolute path
+    /// (comma-separated), matched exactly. Default: none, so `exec` is refused. A trust decision:
+    /// whoever may write Secrets in --namespace may then run these commands in the daemon with
+    /// arguments of their choice (never with an environment of their choice).
+    #[arg(long, env = "REMOTE_SECRET_ALLOW_EXEC", value_delimiter = ',')]
+    pub remote_secret_allow_exec: Vec<String>,
+
     /// Label key: remote leaders carry `<key>=true`, local followers `<key>=follower`.
     #[arg(long, env = "LABEL_KEY", default_value = "fair.com/cross-cluster")]
     pub label_key: String,
@@ -204,6 +211,7 @@ impl Args {
                 ));
             }
         }
+        crate::secret_kubeconfig::check_allowed_commands(&self.remote_secret_allow_exec)?;
         if self.kubeconfig.is_none()
             && self.remote_context.is_none()
             && self.remote_secret_selector.trim().is_empty()
@@ -335,6 +343,14 @@ mod tests {
             (vec!["--label-key", "bad key!"], "--label-key"),
             (vec!["--label-key=-x.com/a"], "--label-key"),
             (vec!["--watch-namespace", "Upper"], "--watch-namespace"),
+            (
+                vec!["--remote-secret-allow-exec", "aws"],
+                "--remote-secret-allow-exec",
+            ),
+            (
+                vec!["--remote-secret-allow-exec=/bin/aws,../aws"],
+                "--remote-secret-allow-exec",
+            ),
         ] {
             let err = parse(&args).validate().unwrap_err();
             assert!(err.contains(needle), "{err}");
@@ -342,6 +358,17 @@ mod tests {
         }
         assert!(Args::try_parse_from(["ccc", "--workers", "0"]).is_err());
         assert!(Args::try_parse_from(["ccc", "--endpoints-mode", "nope"]).is_err());
+    }
+
+    #[test]
+    fn allowed_exec_commands_split_on_commas() {
+        let a = parse(&["--remote-secret-allow-exec", "/usr/local/bin/aws,/bin/t"]);
+        assert_eq!(
+            a.remote_secret_allow_exec,
+            vec!["/usr/local/bin/aws", "/bin/t"]
+        );
+        assert!(a.validate().is_ok());
+        assert!(parse(&[]).remote_secret_allow_exec.is_empty());
     }
 
     #[test]

@@ -161,8 +161,11 @@ pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, String> {
 }
 
 /// A remote's client from a kubeconfig held in a Secret (its current context), with the
-/// daemon's timeouts, and its API server's host:port.
+/// daemon's timeouts, and its API server's host:port. The kubeconfig is checked first, before
+/// kube reads any file it names or runs any program (see `secret_kubeconfig`); the static
+/// remote's kubeconfig, chosen by the operator, is not.
 pub async fn secret_remote(kc: Kubeconfig, args: &Args) -> Result<(Client, String)> {
+    crate::secret_kubeconfig::check(&kc, &args.remote_secret_allow_exec)?;
     let cfg = from_kubeconfig(kc, None, "kubeconfig").await?;
     let at = authority(&cfg);
     let client = client_of(with_timeouts(cfg, args)).map_err(|e| config_err("client", e))?;

@@ -18,6 +18,9 @@ pub enum Error {
     Scheduler(String),
     #[error(transparent)]
     Cache(#[from] crate::cache::CacheError),
+    /// A remote Secret's kubeconfig holds more than inline data (see `secret_kubeconfig`).
+    #[error(transparent)]
+    Refused(#[from] crate::secret_kubeconfig::Refusal),
     /// A long-lived task ended before shutdown (see the supervisor).
     #[error("{0}")]
     TaskEnded(String),
@@ -40,6 +43,7 @@ impl Error {
             Error::Scheduler(_) => "scheduler",
             Error::Cache(_) => "cache",
             Error::Panic(_) => "panic",
+            Error::Refused(_) => "refused",
             Error::TaskEnded(_) => "task_ended",
         }
     }

@@ -19,6 +19,7 @@ pub mod reconcile;
 pub mod registry;
 pub mod remote_access;
 pub mod remote_secrets;
+pub mod secret_kubeconfig;
 pub mod status;
 pub mod supervisor;
 pub mod sweeper;

@@ -232,6 +232,23 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
     // no remote at all is refused
     let err = template(&kc, &["remoteSecretSelector="]).unwrap_err();
     assert!(err.contains("no remote cluster"), "{err}");
+    // exec plugins a remote Secret may run: passed only when named, by absolute path
+    let allowed = remotes(
+        &template(
+            &kc,
+            &["remoteSecretAllowExec={/usr/local/bin/aws,/usr/local/bin/eks-token}"],
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        allowed
+            .env
+            .get("REMOTE_SECRET_ALLOW_EXEC")
+            .map(String::as_str),
+        Some("/usr/local/bin/aws,/usr/local/bin/eks-token")
+    );
+    let err = template(&kc, &["remoteSecretAllowExec={aws}"]).unwrap_err();
+    assert!(err.contains("remoteSecretAllowExec"), "{err}");
 }
 
 /// A kubeconfig whose only credential is a TokenRequest token of `sa` in `ns` of `context`.

@@ -2,6 +2,7 @@
 //! cluster, clients per cluster, waiting on conditions with a deadline, and the real daemon binary.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod catcher;
 pub mod daemon;
 pub mod fault;
 pub mod node;
