@@ -514,13 +514,16 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
             &["create", "delete", "get", "list", "update"],
         ),
         ("namespaces", ro),
-        ("secrets", ro),
+        // update: a renewed remote token is written back into its Secret (tokenRenewal)
+        ("secrets", &["get", "list", "update", "watch"]),
         ("services", rw),
     ]);
     let reader_needs = rules(&[
         ("endpoints", ro),
         ("endpointslices.discovery.k8s.io", ro),
         ("namespaces[kube-system]", &["get"]),
+        // a token for itself only, so the other cluster's daemon renews it
+        ("serviceaccounts/token[cross-cluster-remote-reader]", &["create"]),
         ("services", ro),
     ]);
     let writer_has = granted(&kc, &ns.name, &writer);
@@ -528,7 +531,7 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     assert_eq!(writer_has, writer_needs, "the writer's rights");
     assert_eq!(reader_has, reader_needs, "the reader's rights");
     // the writer's Secrets are those of the release namespace, no other; the reader has none
-    for verb in ["get", "list", "watch"] {
+    for verb in ["get", "list", "watch", "update"] {
         assert!(
             can_i(&kc, &ns.name, &writer, verb, "secrets"),
             "the writer may {verb} Secrets in {}",
