@@ -590,7 +590,9 @@ fn gauges(sup: &Supervisor, rt: &Arc<Runtime>) {
                     m.since_list.get_or_create(&remote).set(secs);
                 }
                 if let Some(exp) = s.credential.get().and_then(|c| c.expiry) {
-                    m.credential_expiry.get_or_create(&remote).set(exp.as_second());
+                    m.credential_expiry
+                        .get_or_create(&remote)
+                        .set(exp.as_second());
                 }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;

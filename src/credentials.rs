@@ -178,9 +178,10 @@ pub fn due_at(c: &Credential, before: RenewBefore) -> Option<Timestamp> {
         (RenewBefore::Percent(_), None) => SignedDuration::from_hours(24),
     };
     let at = exp.checked_sub(window).ok()?;
-    let earliest = c
-        .issued
-        .and_then(|iat| iat.checked_add(SignedDuration::try_from(MIN_AGE).ok()?).ok());
+    let earliest = c.issued.and_then(|iat| {
+        iat.checked_add(SignedDuration::try_from(MIN_AGE).ok()?)
+            .ok()
+    });
     Some(earliest.map_or(at, |e| at.max(e)))
 }
 
@@ -228,6 +229,15 @@ fn is_dns_subdomain(s: &str) -> bool {
 /// else byte for byte as it was), or None when `old` is not there exactly once.
 pub fn with_token(text: &str, old: &str, new: &str) -> Option<String> {
     (!old.is_empty() && text.matches(old).count() == 1).then(|| text.replacen(old, new, 1))
+}
+
+/// What a renewal did.
+#[derive(Debug, PartialEq)]
+enum Renewed {
+    /// nothing to do: the Secret changed meanwhile, is gone, or asks for no renewal
+    Nothing,
+    /// a new token, valid until then, was written into the Secret
+    Until(Option<Timestamp>),
 }
 
 /// Why a renewal did not happen.
@@ -312,8 +322,8 @@ impl Renewer {
                 continue;
             }
             match self.renew(&m, name, hash).await {
-                Ok(None) => {}
-                Ok(Some(exp)) => self.renewed(&m, name, hash, exp).await,
+                Ok(Renewed::Nothing) => {}
+                Ok(Renewed::Until(exp)) => self.renewed(&m, name, hash, exp).await,
                 Err(e) => self.failed(&m, name, e).await,
             }
         }
@@ -329,30 +339,27 @@ impl Renewer {
         self.written.retain(|r, _| live.contains(r));
     }
 
-    /// Reads the Secret, mints a token on the remote, writes it back. Ok(None): nothing to do
-    /// (the Secret changed meanwhile, or it asks for no renewal).
-    async fn renew(
-        &self,
-        m: &Member,
-        secret: &str,
-        hash: &str,
-    ) -> Result<Option<Timestamp>, RenewError> {
+    /// Reads the Secret, mints a token on the remote, writes it back.
+    async fn renew(&self, m: &Member, secret: &str, hash: &str) -> Result<Renewed, RenewError> {
         let w = &self.rt.ctx.writer;
         let Some(mut s) = w.get::<Secret>(&self.namespace, secret).await? else {
-            return Ok(None);
+            return Ok(Renewed::Nothing);
         };
         let c = crate::remote_secrets::read_secret(&s).map_err(RenewError::Refused)?;
         if c.hash != hash {
-            return Ok(None); // rotated meanwhile: the next pass looks at the new one
+            return Ok(Renewed::Nothing); // rotated meanwhile: the next pass sees the new one
         }
         let Some(r) = renewal_of(s.annotations()).map_err(RenewError::Refused)? else {
-            return Ok(None);
+            return Ok(Renewed::Nothing);
         };
         let old = user_of(&c.kubeconfig)
             .and_then(|u| u.token.as_ref())
             .map(|t| t.expose_secret().to_string())
             .ok_or_else(|| RenewError::Refused("its kubeconfig's user has no token".into()))?;
-        let want = format!("system:serviceaccount:{}:{}", r.namespace, r.service_account);
+        let want = format!(
+            "system:serviceaccount:{}:{}",
+            r.namespace, r.service_account
+        );
         let sub = jwt_claims(&old).and_then(|c| c.subject);
         if sub.as_deref() != Some(want.as_str()) {
             return Err(RenewError::Refused(format!(
@@ -372,7 +379,7 @@ impl Renewer {
         s.string_data = None;
         s.metadata.managed_fields = None;
         w.replace(&s).await?;
-        Ok(jwt_claims(&token).and_then(|c| c.expiry))
+        Ok(Renewed::Until(jwt_claims(&token).and_then(|c| c.expiry)))
     }
 
     /// A new token of the Secret's ServiceAccount, asked for with the remote's current client.
@@ -385,7 +392,8 @@ impl Renewer {
             },
             ..Default::default()
         };
-        let sent = api.create_subresource("token", &r.service_account, &PostParams::default(), &req);
+        let pp = PostParams::default();
+        let sent = api.create_subresource("token", &r.service_account, &pp, &req);
         let minted: TokenRequest = tokio::time::timeout(self.timeout, sent)
             .await
             .map_err(|_| RenewError::Remote(format!("no answer within {:?}", self.timeout)))?
@@ -424,7 +432,9 @@ impl Renewer {
         }
         self.count(&remote, "failed");
         let expiry = m.state.credential.get().and_then(|c| c.expiry);
-        let left = expiry.map_or("-".into(), |x| format!("{}s", x.duration_since(now).as_secs()));
+        let left = expiry.map_or("-".into(), |x| {
+            format!("{}s", x.duration_since(now).as_secs())
+        });
         warn!(remote = %remote, secret = %secret, retry_in_s = delay.as_secs(), token_left = %left,
               "remote token not renewed (the current one is used while valid): {e}");
         let note = format!("token of remote {remote} not renewed: {e}");
@@ -502,8 +512,14 @@ mod tests {
         let t = jwt(json!({"exp": 1_800_000_000, "iat": 1_799_996_400,
                            "sub": "system:serviceaccount:fair-system:reader"}));
         let c = credential(&user(Some(&t), None));
-        assert_eq!(c.expiry, Some(Timestamp::from_second(1_800_000_000).unwrap()));
-        assert_eq!(c.issued, Some(Timestamp::from_second(1_799_996_400).unwrap()));
+        assert_eq!(
+            c.expiry,
+            Some(Timestamp::from_second(1_800_000_000).unwrap())
+        );
+        assert_eq!(
+            c.issued,
+            Some(Timestamp::from_second(1_799_996_400).unwrap())
+        );
         assert_eq!(
             c.subject.as_deref(),
             Some("system:serviceaccount:fair-system:reader")
@@ -518,7 +534,12 @@ mod tests {
 
     #[test]
     fn a_credential_that_tells_nothing_has_no_expiry() {
-        for bad in ["static-token", "a.b.c", "x.!!!.y", &jwt(json!({"sub": "x"}))] {
+        for bad in [
+            "static-token",
+            "a.b.c",
+            "x.!!!.y",
+            &jwt(json!({"sub": "x"})),
+        ] {
             assert_eq!(credential(&user(Some(bad), None)).expiry, None, "{bad}");
         }
         assert_eq!(credential(&user(None, Some("not pem"))).expiry, None);
@@ -575,7 +596,11 @@ mod tests {
             expiry: None,
             ..c.clone()
         };
-        assert_eq!(due_at(&no_exp, window(60)), None, "no exp: nothing to renew");
+        assert_eq!(
+            due_at(&no_exp, window(60)),
+            None,
+            "no exp: nothing to renew"
+        );
         assert_eq!(due_at(&c, RenewBefore::Off), None);
     }
 
@@ -613,7 +638,11 @@ mod tests {
             with_token(text, "old.tok.en", "new.tok.en").as_deref(),
             Some("users:\n- name: r\n  user:\n    token: \"new.tok.en\"\n")
         );
-        assert_eq!(with_token("a: x\nb: x\n", "x", "y"), None, "twice: ambiguous");
+        assert_eq!(
+            with_token("a: x\nb: x\n", "x", "y"),
+            None,
+            "twice: ambiguous"
+        );
         assert_eq!(with_token(text, "absent", "y"), None);
         assert_eq!(with_token(text, "", "y"), None);
     }
@@ -721,13 +750,16 @@ mod tests {
             .await;
             assert_eq!(
                 done.unwrap(),
-                Some(Timestamp::from_second(1_800_001_100).unwrap())
+                Renewed::Until(Some(Timestamp::from_second(1_800_001_100).unwrap()))
             );
         }
 
         #[tokio::test]
         async fn a_token_of_another_account_is_not_renewed_and_nothing_is_sent() {
-            let s = secret(&token("system:serviceaccount:kube-system:admin", 1_800_000_000));
+            let s = secret(&token(
+                "system:serviceaccount:kube-system:admin",
+                1_800_000_000,
+            ));
             let (r, m, api, _lease) = setup(&s);
             let done = run(&[&api], r.renew(&m, "east-secret", &hash(&m)), async {
                 api.expect(fixtures::get(SECRET), ok(serde_json::to_value(&s).unwrap()))
@@ -751,11 +783,14 @@ mod tests {
                 .annotations_mut()
                 .insert(crate::remote_secrets::STALE_AFTER_KEY.into(), "60".into());
             let done = run(&[&api], r.renew(&m, "east-secret", &hash(&m)), async {
-                api.expect(fixtures::get(SECRET), ok(serde_json::to_value(&edited).unwrap()))
-                    .await;
+                api.expect(
+                    fixtures::get(SECRET),
+                    ok(serde_json::to_value(&edited).unwrap()),
+                )
+                .await;
             })
             .await;
-            assert!(matches!(done, Ok(None)), "{done:?}");
+            assert!(matches!(done, Ok(Renewed::Nothing)), "{done:?}");
             // changed between the read and the write: the PUT's resourceVersion loses, a 409
             let new = token("system:serviceaccount:fair-system:reader", 1_800_000_500);
             let done = run(&[&api], r.renew(&m, "east-secret", &hash(&m)), async {

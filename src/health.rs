@@ -385,6 +385,13 @@ mod tests {
         assert_eq!(spec.lease_duration_seconds, Some(30));
         assert_eq!(ann(&first, "cluster-id"), "id-1");
         assert_eq!(ann(&first, "problem"), "");
+        assert_eq!(ann(&first, "credential-expiry"), "", "unknown");
+        let o = Observation {
+            credential_expiry: Some(at("2027-01-01T00:00:00Z")),
+            ..obs(None)
+        };
+        let with = lease(None, &o, "2026-01-01T00:01:00Z").unwrap();
+        assert_eq!(ann(&with, "credential-expiry"), "2027-01-01T00:00:00Z");
         assert_eq!(
             first.labels()["fair.com/cross-cluster-remote-health"],
             "ccc"

@@ -158,7 +158,10 @@ pub fn with_expiring(mut r: Report, threshold: Duration) -> Report {
     r.credentials_expiring = r
         .remotes
         .iter()
-        .filter(|s| s.credential_expires_in_seconds.is_some_and(|left| left <= limit))
+        .filter(|s| {
+            s.credential_expires_in_seconds
+                .is_some_and(|left| left <= limit)
+        })
         .map(|s| s.name.clone())
         .collect();
     r
@@ -673,5 +676,49 @@ mod tests {
             .collect();
         assert_eq!(names, [("east", true), ("gone", false), ("north", false)]);
         assert!(table(&r, now()).contains("FOLLOWERS OF REMOTES NO DAEMON HERE READS"));
+    }
+
+    #[test]
+    fn a_credential_expiring_within_the_threshold_exits_3_and_shows_in_the_table() {
+        let mut lease = health("east", None, "2026-01-01T00:09:55Z");
+        lease.annotations_mut().insert(
+            "fair.com/cross-cluster-credential-expiry".into(),
+            "2026-01-03T00:10:00Z".into(),
+        );
+        let inputs = Inputs {
+            health: vec![lease, health("north", None, "2026-01-01T00:09:55Z")],
+            election: Some(election("2026-01-01T00:09:58.000000Z")),
+            services: vec![],
+            slices: vec![],
+            events: vec![],
+        };
+        let r = report(&inputs, &opts(), now());
+        assert_eq!(r.remotes[0].credential_expires_in_seconds, Some(2 * 86400));
+        assert_eq!(r.remotes[1].credential_expires_in_seconds, None, "unknown");
+        let t = table(&r, now());
+        assert!(
+            t.contains("CREDENTIAL") && t.contains("expires in 2d"),
+            "{t}"
+        );
+        let week = with_expiring(
+            report(&inputs, &opts(), now()),
+            Duration::from_secs(7 * 86400),
+        );
+        assert!(week.healthy);
+        assert_eq!(week.credentials_expiring, ["east"]);
+        assert_eq!(exit_code(&week), 3);
+        let day = with_expiring(r, Duration::from_secs(86400));
+        assert_eq!(exit_code(&day), 0, "two days left, a day's threshold");
+        // something that needs a look anyway: 1 wins
+        let mut down = with_expiring(
+            report(&inputs, &opts(), now()),
+            Duration::from_secs(7 * 86400),
+        );
+        down.healthy = false;
+        assert_eq!(exit_code(&down), 1);
+        // expired
+        let mut gone = report(&inputs, &opts(), now());
+        gone.remotes[0].credential_expires_in_seconds = Some(-3600);
+        assert!(table(&gone, now()).contains("expired 60m ago"));
     }
 }

@@ -523,7 +523,10 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         ("endpointslices.discovery.k8s.io", ro),
         ("namespaces[kube-system]", &["get"]),
         // a token for itself only, so the other cluster's daemon renews it
-        ("serviceaccounts/token[cross-cluster-remote-reader]", &["create"]),
+        (
+            "serviceaccounts/token[cross-cluster-remote-reader]",
+            &["create"],
+        ),
         ("services", ro),
     ]);
     let writer_has = granted(&kc, &ns.name, &writer);

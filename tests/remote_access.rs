@@ -5,15 +5,15 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use cross_cluster_controller::credentials::{self, Credential};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use serde_json::json;
-use cross_cluster_controller::credentials::{self, Credential};
 use secrecy::ExposeSecret;
+use serde_json::json;
 use support::daemon::{BIN, Daemon, run_to_exit};
 use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj, present};
 
@@ -288,8 +288,16 @@ async fn secret_token(secrets: &Api<Secret>, name: &str) -> (String, Credential)
     let text = String::from_utf8(s.data.expect("data")["kubeconfig"].0.clone()).unwrap();
     let kc = Kubeconfig::from_yaml(&text).unwrap();
     let user = credentials::user_of(&kc).expect("the context's user");
-    let token = user.token.as_ref().expect("a token").expose_secret().to_string();
-    (token.clone(), credentials::jwt_claims(&token).expect("a JWT"))
+    let token = user
+        .token
+        .as_ref()
+        .expect("a token")
+        .expose_secret()
+        .to_string();
+    (
+        token.clone(),
+        credentials::jwt_claims(&token).expect("a JWT"),
+    )
 }
 
 /// A new token, later than `before`, in the Secret (the daemon renewed it).
@@ -324,7 +332,15 @@ async fn follower_converges(local: &Api<Service>, remote: &Api<Service>, name: &
 
 /// The status command's exit code and output for the daemon in `ns` of the local cluster.
 fn status(kubeconfig: &str, ns: &str, extra: &[&str]) -> (i32, String) {
-    let base = ["status", "--kubeconfig", kubeconfig, "--context", LOCAL, "--namespace", ns];
+    let base = [
+        "status",
+        "--kubeconfig",
+        kubeconfig,
+        "--context",
+        LOCAL,
+        "--namespace",
+        ns,
+    ];
     run_to_exit(&[&base[..], extra].concat(), &[])
 }
 
@@ -334,10 +350,25 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     let kc = bed().await.kubeconfig.to_string_lossy().to_string();
     // the shortest lifetime TokenRequest grants
     let (secret_yaml, stderr) = remote_access(&[
-        "--kubeconfig", &kc, "--context", REMOTE, "--namespace", &ns.name, "--duration", "10m",
-        "--cluster-name", "east-renew", "--output", "secret", "--secret-namespace", &ns.name,
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "10m",
+        "--cluster-name",
+        "east-renew",
+        "--output",
+        "secret",
+        "--secret-namespace",
+        &ns.name,
     ]);
-    assert!(stderr.contains("the daemon reading this Secret renews it"), "{stderr}");
+    assert!(
+        stderr.contains("the daemon reading this Secret renews it"),
+        "{stderr}"
+    );
     let secret: Secret = serde_yaml::from_str(&secret_yaml).unwrap();
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
     let name = secrets
@@ -364,10 +395,18 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
             &["remote=\"east-renew\""],
         )
     };
-    eventually("the first token's expiry on /metrics", Duration::from_secs(30), || async {
-        let want = first.expiry.map(|t| t.as_second() as f64);
-        if expiry(&d) == want { Ok(()) } else { Err(format!("{:?} != {want:?}", expiry(&d))) }
-    })
+    eventually(
+        "the first token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = first.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
     .await;
     let second = renewed_after(&secrets, &name, &first).await;
     let (second_token, _) = secret_token(&secrets, &name).await;
@@ -379,19 +418,37 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     )
     .await;
     // the Secret watch rotated the remote onto the new token: its expiry shows, and it is read
-    eventually("the renewed token's expiry on /metrics", Duration::from_secs(30), || async {
-        let want = second.expiry.map(|t| t.as_second() as f64);
-        if expiry(&d) == want { Ok(()) } else { Err(format!("{:?} != {want:?}", expiry(&d))) }
-    })
+    eventually(
+        "the renewed token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = second.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
     .await;
     assert!(d.metric("xcc_remote_changes_total", &["change=\"rotated\""]) >= 1.0);
-    present(&local, "shop").await.expect("the follower stays through the rotation");
+    present(&local, "shop")
+        .await
+        .expect("the follower stays through the rotation");
     follower_converges(&local, &remote, "cart").await;
     // the status command shows the expiry, and exits 3: it is within the default 7 days
-    let (code, out) = eventually("status to name the credential", Duration::from_secs(30), || async {
-        let (code, out) = status(&kc, &ns.name, &[]);
-        if out.contains("expires in") { Ok((code, out)) } else { Err(out) }
-    })
+    let (code, out) = eventually(
+        "status to name the credential",
+        Duration::from_secs(30),
+        || async {
+            let (code, out) = status(&kc, &ns.name, &[]);
+            if out.contains("expires in") {
+                Ok((code, out))
+            } else {
+                Err(out)
+            }
+        },
+    )
     .await;
     assert_eq!(code, 3, "{out}");
     let (code, out) = status(&kc, &ns.name, &["--credential-expiry-threshold", "1m"]);
@@ -403,10 +460,18 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     follower_converges(&local, &remote, "after-restart").await;
     let third = renewed_after(&secrets, &name, &second).await;
     assert!(third.expiry > second.expiry);
-    eventually("the third token's expiry on /metrics", Duration::from_secs(30), || async {
-        let want = third.expiry.map(|t| t.as_second() as f64);
-        if expiry(&d) == want { Ok(()) } else { Err(format!("{:?} != {want:?}", expiry(&d))) }
-    })
+    eventually(
+        "the third token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = third.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
     .await;
     follower_converges(&local, &remote, "after-second-renewal").await;
     for f in ["shop", "cart", "after-restart"] {
