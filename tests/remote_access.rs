@@ -381,7 +381,6 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     let (first_token, first) = secret_token(&secrets, &name).await;
     let remote: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
-    follower_converges(&local, &remote, "shop").await;
 
     // a window wider than the lifetime: due at once (30 s after issue at the earliest)
     let args = support::daemon::with_args(
@@ -389,6 +388,7 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
         &["--remote-token-renew-before", "11m"],
     );
     let mut d = Daemon::start_secrets_only(&args).await;
+    follower_converges(&local, &remote, "shop").await;
     let expiry = |d: &Daemon| {
         d.gauge(
             "xcc_remote_credential_expiry_timestamp_seconds",
