@@ -500,11 +500,12 @@ mod tests {
     const CERT: &str = include_str!("credentials_testdata/client.pem");
 
     fn user(token: Option<&str>, cert: Option<&str>) -> AuthInfo {
-        let mut a = AuthInfo::default();
-        a.token = token.map(|t| t.to_string().into());
-        a.client_certificate_data =
-            cert.map(|c| base64::engine::general_purpose::STANDARD.encode(c));
-        a
+        AuthInfo {
+            token: token.map(|t| t.to_string().into()),
+            client_certificate_data: cert
+                .map(|c| base64::engine::general_purpose::STANDARD.encode(c)),
+            ..Default::default()
+        }
     }
 
     #[test]
