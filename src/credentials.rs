@@ -576,7 +576,7 @@ mod tests {
     }
 
     #[test]
-    fn renewal_is_due_a_window_or_share_before_expiry_and_never_within_a_minute_of_issue() {
+    fn renewal_is_due_a_window_or_share_before_expiry_and_never_within_min_age_of_issue() {
         let c = Credential {
             expiry: Some(at("2026-01-11T00:00:00Z")),
             issued: Some(at("2026-01-01T00:00:00Z")),
