@@ -105,6 +105,8 @@ pub async fn run(args: Args) -> Result<()> {
     let health = health::Keeper::new(Arc::clone(&rt), clients.local.clone(), &args, &identity);
     sup.spawn_until_shutdown("remote health Leases", health.run());
     sup.spawn_until_shutdown("outage policy", outage::run(Arc::clone(&rt)));
+    let renewer = crate::credentials::Renewer::new(Arc::clone(&rt), &args);
+    sup.spawn_until_shutdown("remote token renewal", renewer.run());
     let mut scheduler = cron_ticks(&cron, &sweep_now).await?;
     sweeper_task(&sup, &rt, &sweep_now, &args);
     resync_on_gain(&sup, &rt, &sweep_now);
@@ -187,7 +189,13 @@ async fn static_remotes(
             .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
             .ok();
         let stale_after = args.remote_stale_after_seconds.map(Duration::from_secs);
-        join(sup, rt, remote, (id, stale_after), Origin::Static, args);
+        let member = join(sup, rt, remote, (id, stale_after), Origin::Static, args);
+        if let Ok((cfg, _)) = clients::remote_config(args).await {
+            let _ = member
+                .state
+                .credential
+                .set(crate::credentials::credential(&cfg.auth_info));
+        }
     }
 }
 
@@ -580,6 +588,11 @@ fn gauges(sup: &Supervisor, rt: &Arc<Runtime>) {
                     .set(i64::from(s.problem().is_none()));
                 if let Some(secs) = s.seconds_since_list() {
                     m.since_list.get_or_create(&remote).set(secs);
+                }
+                if let Some(exp) = s.credential.get().and_then(|c| c.expiry) {
+                    m.credential_expiry
+                        .get_or_create(&remote)
+                        .set(exp.as_second());
                 }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;

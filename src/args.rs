@@ -26,7 +26,8 @@ pub enum Command {
     RemoteAccess(crate::remote_access::RemoteAccessArgs),
     /// Health of every remote, read from the LOCAL cluster only (the health Leases the leader
     /// keeps, the followers, the Events): a table, or JSON with -o json. Exit 0: all connected
-    /// and a leader renewing; 1: something needs a look; 2: the local cluster could not be read.
+    /// and a leader renewing; 1: something needs a look; 2: the local cluster could not be read;
+    /// 3: all is well but a remote's credential expires within --credential-expiry-threshold.
     Status(crate::status::StatusArgs),
 }
 
@@ -153,6 +154,14 @@ pub struct Args {
     /// known endpoints). Secret remotes: the annotation `fair.com/cross-cluster-stale-after`.
     #[arg(long, env = "REMOTE_STALE_AFTER_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub remote_stale_after_seconds: Option<u64>,
+
+    /// When to renew the token of a remote Secret made by `remote-access` (annotation
+    /// `fair.com/cross-cluster-token-renewal`): a share of its lifetime left (`20%`) or a window
+    /// before it expires (`24h`, `90m`), or `off`. The leader asks the remote's TokenRequest API for a new
+    /// token and writes it into the Secret; a token is never renewed within 30 seconds of its
+    /// issue.
+    #[arg(long, env = "REMOTE_TOKEN_RENEW_BEFORE", default_value = "20%", value_parser = crate::credentials::parse_renew_before)]
+    pub remote_token_renew_before: crate::credentials::RenewBefore,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

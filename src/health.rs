@@ -35,6 +35,8 @@ pub struct Observation {
     pub exports: usize,
     /// followers on which its export loses a conflict
     pub conflicts: usize,
+    /// when its credential expires (see [`crate::credentials`])
+    pub credential_expiry: Option<Timestamp>,
 }
 
 /// The annotation and label keys, under the label key's prefix.
@@ -47,6 +49,7 @@ pub struct Keys {
     pub problem: String,
     pub exports: String,
     pub conflicts: String,
+    pub credential_expiry: String,
 }
 
 impl Keys {
@@ -60,6 +63,7 @@ impl Keys {
             problem: opts.annotation("problem"),
             exports: opts.annotation("exports"),
             conflicts: opts.annotation("conflicts"),
+            credential_expiry: opts.annotation("credential-expiry"),
         }
     }
 }
@@ -153,6 +157,8 @@ pub fn desired(
     ann.insert(keys.problem.clone(), o.problem.clone().unwrap_or_default());
     ann.insert(keys.exports.clone(), o.exports.to_string());
     ann.insert(keys.conflicts.clone(), o.conflicts.to_string());
+    let expiry = o.credential_expiry.map(stamp).unwrap_or_default();
+    ann.insert(keys.credential_expiry.clone(), expiry);
 
     let live_spec = live.and_then(|l| l.spec.clone()).unwrap_or_default();
     let mut spec = live_spec.clone();
@@ -253,6 +259,7 @@ impl Keeper {
                     exports,
                     conflicts: usize::try_from(per_remote.get(&*s.name).copied().unwrap_or(0))
                         .unwrap_or(0),
+                    credential_expiry: s.credential.get().and_then(|c| c.expiry),
                 }
             })
             .collect()
@@ -344,6 +351,7 @@ mod tests {
             last_listing: Some("2026-01-01T00:00:00Z".parse().unwrap()),
             exports: 3,
             conflicts: 1,
+            credential_expiry: None,
         }
     }
 
@@ -377,6 +385,13 @@ mod tests {
         assert_eq!(spec.lease_duration_seconds, Some(30));
         assert_eq!(ann(&first, "cluster-id"), "id-1");
         assert_eq!(ann(&first, "problem"), "");
+        assert_eq!(ann(&first, "credential-expiry"), "", "unknown");
+        let o = Observation {
+            credential_expiry: Some(at("2027-01-01T00:00:00Z")),
+            ..obs(None)
+        };
+        let with = lease(None, &o, "2026-01-01T00:01:00Z").unwrap();
+        assert_eq!(ann(&with, "credential-expiry"), "2027-01-01T00:00:00Z");
         assert_eq!(
             first.labels()["fair.com/cross-cluster-remote-health"],
             "ccc"

@@ -6,6 +6,7 @@ pub mod app;
 pub mod args;
 pub mod cache;
 pub mod clients;
+pub mod credentials;
 pub mod desired;
 pub mod error;
 #[cfg(test)]

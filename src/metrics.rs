@@ -30,6 +30,8 @@ pub struct Metrics {
     pub remote_stale_transitions: Family<Labels, Counter>,
     pub remote_changes: Family<Labels, Counter>,
     pub remote_secrets_refused: Gauge,
+    pub credential_expiry: Family<Labels, Gauge>,
+    pub credential_renewals: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -58,6 +60,8 @@ impl Default for Metrics {
             remote_stale_transitions: Family::default(),
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
+            credential_expiry: Family::default(),
+            credential_renewals: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -155,6 +159,16 @@ impl Default for Metrics {
             "Remote Secrets that are not a remote now (each named on /readyz)",
             m.remote_secrets_refused.clone(),
         );
+        registry.register(
+            "remote_credential_expiry_timestamp_seconds",
+            "When the remote's credential expires (its token's exp, its client certificate's notAfter), Unix seconds; absent when unknown",
+            m.credential_expiry.clone(),
+        );
+        registry.register(
+            "remote_credential_renewals",
+            "Renewals of the remote's token by outcome (renewed, failed)",
+            m.credential_renewals.clone(),
+        );
         let build: Family<Labels, Gauge> = Family::default();
         build
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
@@ -208,6 +222,12 @@ impl Metrics {
             touch(
                 &self.conflicts,
                 labels([("remote", remote), ("kind", kind)]),
+            );
+        }
+        for outcome in ["renewed", "failed"] {
+            touch(
+                &self.credential_renewals,
+                labels([("remote", remote), ("outcome", outcome)]),
             );
         }
         for outcome in ["done", "aborted"] {

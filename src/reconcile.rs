@@ -57,6 +57,8 @@ pub struct RemoteState {
     pub stale_after: Option<std::time::Duration>,
     /// true while the outage policy marks its endpoints not ready
     pub marked: std::sync::atomic::AtomicBool,
+    /// what its credential says (expiry), set once when it joins (see [`crate::credentials`])
+    pub credential: std::sync::OnceLock<crate::credentials::Credential>,
 }
 
 impl RemoteState {
@@ -70,6 +72,7 @@ impl RemoteState {
             foreign_slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
             stale_after: None,
             marked: std::sync::atomic::AtomicBool::new(false),
+            credential: std::sync::OnceLock::new(),
         }
     }
 

@@ -9,7 +9,7 @@ use base64::Engine;
 use clap::ValueEnum;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -212,14 +212,19 @@ pub fn render(
         Output::Kubeconfig => kubeconfig,
         Output::Secret => {
             let indented: String = kubeconfig.lines().map(|l| format!("    {l}\n")).collect();
-            let (labels, annotations) = if is_label_value(name) {
+            let (labels, name_annotation) = if is_label_value(name) {
                 (format!("    {REMOTE_NAME_KEY}: {n}\n"), String::new())
             } else {
-                (
-                    String::new(),
-                    format!("  annotations:\n    {REMOTE_NAME_KEY}: {n}\n"),
-                )
+                (String::new(), format!("    {REMOTE_NAME_KEY}: {n}\n"))
             };
+            // the daemon renews this token before it expires (see crate::credentials)
+            let annotations = format!(
+                "  annotations:\n{name_annotation}    {}: {}\n    {}: {}\n",
+                crate::credentials::RENEWAL_KEY,
+                q(&format!("{}/{}", args.namespace, args.service_account)),
+                crate::credentials::LIFETIME_KEY,
+                q(&format!("{}s", args.duration.as_secs())),
+            );
             format!(
                 "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {}\n  namespace: {}\n  labels:\n    \
                  app.kubernetes.io/name: cross-cluster-controller\n    {REMOTE_SECRET_LABEL}: \"true\"\n{labels}\
@@ -232,6 +237,34 @@ pub fn render(
             )
         }
     }
+}
+
+/// The one right that renews the token: TokenRequest for this ServiceAccount itself, in its
+/// own namespace (a Role, so no account of the same name elsewhere is covered).
+pub fn renewal_rules(service_account: &str) -> serde_json::Value {
+    json!([
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"],
+         "resourceNames": [service_account], "verbs": ["create"]}
+    ])
+}
+
+/// The Role and RoleBinding that let the ServiceAccount request tokens for itself only.
+async fn renewal_role(client: &Client, namespace: &str, sa_name: &str) -> Result<()> {
+    let name = format!("{sa_name}-token-renewal");
+    create_if_missing(
+        &Api::<Role>::namespaced(client.clone(), namespace),
+        json!({"metadata": {"name": name, "namespace": namespace},
+               "rules": renewal_rules(sa_name)}),
+    )
+    .await?;
+    create_if_missing(
+        &Api::<RoleBinding>::namespaced(client.clone(), namespace),
+        json!({"metadata": {"name": name, "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": namespace}]}),
+    )
+    .await?;
+    Ok(())
 }
 
 pub async fn run(args: RemoteAccessArgs) -> Result<String> {
@@ -326,9 +359,10 @@ pub async fn run(args: RemoteAccessArgs) -> Result<String> {
                "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": args.namespace}]}),
     )
     .await?;
+    renewal_role(&client, &args.namespace, sa_name).await?;
     eprintln!(
         "{} ServiceAccount {}/{sa_name} (read-only: services, endpoints, endpointslices; \
-         get namespace kube-system)",
+         get namespace kube-system; a token for itself only, to renew it)",
         if created { "created" } else { "reusing" },
         args.namespace
     );
@@ -346,10 +380,19 @@ pub async fn run(args: RemoteAccessArgs) -> Result<String> {
     let status = minted
         .status
         .ok_or_else(|| Error::Config("TokenRequest returned no token".into()))?;
-    eprintln!(
-        "token valid until {} (mint a new one before then)",
-        status.expiration_timestamp.0
-    );
+    match args.output {
+        Output::Secret => eprintln!(
+            "token valid until {}; the daemon reading this Secret renews it before then \
+             (annotation {})",
+            status.expiration_timestamp.0,
+            crate::credentials::RENEWAL_KEY
+        ),
+        Output::Kubeconfig => eprintln!(
+            "token valid until {} (mint a new one before then, or use --output secret: \
+             the daemon renews the token of a Secret remote itself)",
+            status.expiration_timestamp.0
+        ),
+    }
     let name = args.cluster_name.clone().unwrap_or(context);
     Ok(render(
         &args,
@@ -461,7 +504,19 @@ mod tests {
             meta["labels"]["app.kubernetes.io/name"],
             "cross-cluster-controller"
         );
-        assert!(meta.get("annotations").is_none(), "{meta:?}");
+        // the daemon renews the token of the ServiceAccount named here, for as long again
+        assert_eq!(
+            meta["annotations"]["fair.com/cross-cluster-token-renewal"],
+            "fair-system/cross-cluster-remote-reader"
+        );
+        assert_eq!(
+            meta["annotations"]["fair.com/cross-cluster-token-lifetime"],
+            "31536000s"
+        );
+        let ann: std::collections::BTreeMap<String, String> =
+            serde_yaml::from_value(meta["annotations"].clone()).unwrap();
+        let r = crate::credentials::renewal_of(&ann).unwrap().unwrap();
+        assert_eq!(r.lifetime, Duration::from_secs(365 * 86400));
         assert_eq!(secret["type"], "Opaque");
         let data: Vec<&serde_yaml::Value> =
             secret["stringData"].as_mapping().unwrap().keys().collect();

@@ -295,6 +295,9 @@ impl Source {
                 }
             }
         }
+        let credential = crate::credentials::user_of(&c.kubeconfig)
+            .map(crate::credentials::credential)
+            .unwrap_or_default();
         let (client, at) = clients::secret_remote(c.kubeconfig, &self.args)
             .await
             .map_err(|e| e.to_string())?;
@@ -343,7 +346,7 @@ impl Source {
             name: secret.clone(),
             hash: c.hash,
         };
-        crate::app::join(
+        let member = crate::app::join(
             &self.sup,
             &self.rt,
             &remote,
@@ -351,6 +354,7 @@ impl Source {
             origin,
             &self.args,
         );
+        let _ = member.state.credential.set(credential);
         self.ids.insert(c.name.clone(), id.clone());
         self.leaving.remove(&c.name);
         let change = if existing.is_some() {
@@ -511,6 +515,7 @@ impl Source {
         m.followers.remove(&l);
         m.remote_up.remove(&l);
         m.since_list.remove(&l);
+        m.credential_expiry.remove(&l);
     }
 }
 

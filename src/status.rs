@@ -5,7 +5,8 @@
 //!
 //! Exit codes: 0 every remote connected and a leader renewing; 1 something needs a look (a
 //! remote not connected or its Lease not renewed, no leader, or followers recording a remote no
-//! daemon reads); 2 the local cluster could not be read (or a bad flag).
+//! daemon reads); 2 the local cluster could not be read (or a bad flag); 3 all is well but a
+//! remote's credential expires within `--credential-expiry-threshold` (or has expired).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
+    /// Exit 3 when a remote's credential expires within this (e.g. 7d, 48h, 90m).
+    #[arg(long, default_value = "7d", value_parser = crate::credentials::parse_span)]
+    pub credential_expiry_threshold: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -79,6 +83,10 @@ pub struct RemoteStatus {
     pub conflict_events: usize,
     /// skip Events about it the API still holds
     pub skip_events: usize,
+    /// when its credential expires (RFC 3339; empty when unknown)
+    pub credential_expiry: String,
+    /// seconds until then (negative: expired)
+    pub credential_expires_in_seconds: Option<i64>,
 }
 
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -96,6 +104,8 @@ pub struct Report {
     /// `namespace/name` of followers whose every recorded remote is unknown here
     pub unknown_remote_followers: Vec<String>,
     pub healthy: bool,
+    /// remotes whose credential expires within the threshold (or has expired)
+    pub credentials_expiring: Vec<String>,
 }
 
 /// What `report` reads, listed from the local cluster.
@@ -138,6 +148,31 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
         remotes,
         unknown_remote_followers: unknown,
         healthy,
+        credentials_expiring: Vec::new(),
+    }
+}
+
+/// Pure: the report with the remotes whose credential expires within `threshold` named.
+pub fn with_expiring(mut r: Report, threshold: Duration) -> Report {
+    let limit = i64::try_from(threshold.as_secs()).unwrap_or(i64::MAX);
+    r.credentials_expiring = r
+        .remotes
+        .iter()
+        .filter(|s| {
+            s.credential_expires_in_seconds
+                .is_some_and(|left| left <= limit)
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    r
+}
+
+/// 0 healthy, 1 something needs a look, 3 healthy but a credential expires soon.
+pub fn exit_code(r: &Report) -> i32 {
+    match (r.healthy, r.credentials_expiring.is_empty()) {
+        (false, _) => 1,
+        (true, false) => 3,
+        (true, true) => 0,
     }
 }
 
@@ -176,6 +211,9 @@ fn from_health_leases(
                     )
                 },
                 export_conflicts: count(&keys.conflicts),
+                credential_expiry: a.get(&keys.credential_expiry).cloned().unwrap_or_default(),
+                credential_expires_in_seconds: parse(a.get(&keys.credential_expiry))
+                    .map(|t| t.duration_since(now).as_secs()),
                 ..Default::default()
             },
         );
@@ -290,6 +328,7 @@ pub fn table(r: &Report, now: Timestamp) -> String {
         "CONFLICTS",
         "SKIPS",
         "CLUSTER ID",
+        "CREDENTIAL",
         "PROBLEM",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
@@ -317,6 +356,11 @@ pub fn table(r: &Report, now: Timestamp) -> String {
                 "-".into()
             } else {
                 s.cluster_id.clone()
+            },
+            match s.credential_expires_in_seconds {
+                None => "-".into(),
+                Some(left) if left < 0 => format!("expired {} ago", age(Some(-left))),
+                Some(left) => format!("expires in {}", age(Some(left))),
             },
             if s.known {
                 s.problem.clone()
@@ -388,7 +432,7 @@ pub async fn run(args: StatusArgs) -> i32 {
                     }
                 },
             }
-            i32::from(!r.healthy)
+            exit_code(&r)
         }
         Err(e) => {
             eprintln!("error: {e}");
@@ -454,6 +498,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, String> {
     };
     let mut r = report(&inputs, &opts, Timestamp::now());
     r.namespace = args.namespace.clone();
+    let r = with_expiring(r, args.credential_expiry_threshold);
     Ok(r)
 }
 
@@ -479,6 +524,7 @@ mod tests {
             last_listing: Some("2026-01-01T00:00:00Z".parse().unwrap()),
             exports: 2,
             conflicts: 1,
+            credential_expiry: None,
         };
         let mut l = health_lease(
             None,
@@ -630,5 +676,49 @@ mod tests {
             .collect();
         assert_eq!(names, [("east", true), ("gone", false), ("north", false)]);
         assert!(table(&r, now()).contains("FOLLOWERS OF REMOTES NO DAEMON HERE READS"));
+    }
+
+    #[test]
+    fn a_credential_expiring_within_the_threshold_exits_3_and_shows_in_the_table() {
+        let mut lease = health("east", None, "2026-01-01T00:09:55Z");
+        lease.annotations_mut().insert(
+            "fair.com/cross-cluster-credential-expiry".into(),
+            "2026-01-03T00:10:00Z".into(),
+        );
+        let inputs = Inputs {
+            health: vec![lease, health("north", None, "2026-01-01T00:09:55Z")],
+            election: Some(election("2026-01-01T00:09:58.000000Z")),
+            services: vec![],
+            slices: vec![],
+            events: vec![],
+        };
+        let r = report(&inputs, &opts(), now());
+        assert_eq!(r.remotes[0].credential_expires_in_seconds, Some(2 * 86400));
+        assert_eq!(r.remotes[1].credential_expires_in_seconds, None, "unknown");
+        let t = table(&r, now());
+        assert!(
+            t.contains("CREDENTIAL") && t.contains("expires in 2d"),
+            "{t}"
+        );
+        let week = with_expiring(
+            report(&inputs, &opts(), now()),
+            Duration::from_secs(7 * 86400),
+        );
+        assert!(week.healthy);
+        assert_eq!(week.credentials_expiring, ["east"]);
+        assert_eq!(exit_code(&week), 3);
+        let day = with_expiring(r, Duration::from_secs(86400));
+        assert_eq!(exit_code(&day), 0, "two days left, a day's threshold");
+        // something that needs a look anyway: 1 wins
+        let mut down = with_expiring(
+            report(&inputs, &opts(), now()),
+            Duration::from_secs(7 * 86400),
+        );
+        down.healthy = false;
+        assert_eq!(exit_code(&down), 1);
+        // expired
+        let mut gone = report(&inputs, &opts(), now());
+        gone.remotes[0].credential_expires_in_seconds = Some(-3600);
+        assert!(table(&gone, now()).contains("expired 60m ago"));
     }
 }

@@ -164,18 +164,32 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
             .collect()
     };
     let ro = vec!["get".to_string(), "list".to_string(), "watch".to_string()];
+    // token renewal (on by default) writes renewed tokens back into the remote Secrets
+    let rw = [&ro[..], &["update".to_string()]].concat();
     let discovery = [
         (
             "REMOTE_SECRET_SELECTOR",
             "fair.com/cross-cluster-remote=true",
         ),
         ("REMOTE_REMOVAL_GRACE_SECONDS", "30"),
+        ("REMOTE_TOKEN_RENEW_BEFORE", "20%"),
     ];
     // the defaults: remotes from labelled Secrets, no static remote
     assert_eq!(
         remotes(&template(&kc, &[]).unwrap()),
         Remotes {
             env: env(&discovery),
+            static_secret: None,
+            secret_verbs: rw.clone(),
+        }
+    );
+    // renewal off: no update on Secrets, and the daemon is told not to renew
+    let mut off = discovery;
+    off[2].1 = "off";
+    assert_eq!(
+        remotes(&template(&kc, &["tokenRenewal.enabled=false"]).unwrap()),
+        Remotes {
+            env: env(&off),
             static_secret: None,
             secret_verbs: ro.clone(),
         }
@@ -185,6 +199,7 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
         ("KUBECONFIG_PATH", "/etc/cross-cluster/kubeconfig"),
         ("REMOTE_SECRET_SELECTOR", "team=a"),
         ("REMOTE_REMOVAL_GRACE_SECONDS", "120"),
+        ("REMOTE_TOKEN_RENEW_BEFORE", "20%"),
     ];
     assert_eq!(
         remotes(
@@ -201,7 +216,7 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
         Remotes {
             env: env(&static_env),
             static_secret: Some("mine".into()),
-            secret_verbs: ro.clone(),
+            secret_verbs: rw.clone(),
         }
     );
     // the static remote alone: the selector is passed empty (it turns Secrets off) and no
@@ -224,6 +239,7 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
                 ("KUBECONFIG_PATH", "/etc/cross-cluster/kubeconfig"),
                 ("REMOTE_SECRET_SELECTOR", ""),
                 ("REMOTE_REMOVAL_GRACE_SECONDS", "30"),
+                ("REMOTE_TOKEN_RENEW_BEFORE", "off"),
             ]),
             static_secret: Some("cross-cluster-controller-remote-kubeconfig".into()),
             secret_verbs: vec![],
@@ -531,13 +547,19 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
             &["create", "delete", "get", "list", "update"],
         ),
         ("namespaces", ro),
-        ("secrets", ro),
+        // update: a renewed remote token is written back into its Secret (tokenRenewal)
+        ("secrets", &["get", "list", "update", "watch"]),
         ("services", rw),
     ]);
     let reader_needs = rules(&[
         ("endpoints", ro),
         ("endpointslices.discovery.k8s.io", ro),
         ("namespaces[kube-system]", &["get"]),
+        // a token for itself only, so the other cluster's daemon renews it
+        (
+            "serviceaccounts/token[cross-cluster-remote-reader]",
+            &["create"],
+        ),
         ("services", ro),
     ]);
     let writer_has = granted(&kc, &ns.name, &writer);
@@ -545,7 +567,7 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     assert_eq!(writer_has, writer_needs, "the writer's rights");
     assert_eq!(reader_has, reader_needs, "the reader's rights");
     // the writer's Secrets are those of the release namespace, no other; the reader has none
-    for verb in ["get", "list", "watch"] {
+    for verb in ["get", "list", "watch", "update"] {
         assert!(
             can_i(&kc, &ns.name, &writer, verb, "secrets"),
             "the writer may {verb} Secrets in {}",

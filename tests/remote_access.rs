@@ -5,14 +5,16 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use cross_cluster_controller::credentials::{self, Credential};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use secrecy::ExposeSecret;
 use serde_json::json;
-use support::daemon::{BIN, Daemon};
+use support::daemon::{BIN, Daemon, run_to_exit};
 use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj, present};
 
 fn remote_access(extra: &[&str]) -> (String, String) {
@@ -278,4 +280,215 @@ async fn an_existing_reader_role_without_the_cluster_id_right_is_named_and_left_
         .delete(&name, &DeleteParams::default())
         .await;
     let _ = roles.delete(&name, &DeleteParams::default()).await;
+}
+
+/// The token in a Secret that `remote-access --output secret` made, as the daemon reads it.
+async fn secret_token(secrets: &Api<Secret>, name: &str) -> (String, Credential) {
+    let s = secrets.get(name).await.expect("the remote Secret");
+    let text = String::from_utf8(s.data.expect("data")["kubeconfig"].0.clone()).unwrap();
+    let kc = Kubeconfig::from_yaml(&text).unwrap();
+    let user = credentials::user_of(&kc).expect("the context's user");
+    let token = user
+        .token
+        .as_ref()
+        .expect("a token")
+        .expose_secret()
+        .to_string();
+    (
+        token.clone(),
+        credentials::jwt_claims(&token).expect("a JWT"),
+    )
+}
+
+/// A new token, later than `before`, in the Secret (the daemon renewed it).
+async fn renewed_after(secrets: &Api<Secret>, name: &str, before: &Credential) -> Credential {
+    eventually(
+        "a renewed token with a later exp in the Secret",
+        Duration::from_secs(120),
+        || async {
+            let (_, now) = secret_token(secrets, name).await;
+            if now.expiry > before.expiry && now.issued > before.issued {
+                Ok(now)
+            } else {
+                Err(format!("still {now:?}"))
+            }
+        },
+    )
+    .await
+}
+
+async fn follower_converges(local: &Api<Service>, remote: &Api<Service>, name: &str) {
+    remote
+        .create(&PostParams::default(), &support::remotes::leader(name, 80))
+        .await
+        .unwrap();
+    eventually(
+        &format!("follower {name} of a leader made now"),
+        Duration::from_secs(30),
+        || present(local, name),
+    )
+    .await;
+}
+
+/// The status command's exit code and output for the daemon in `ns` of the local cluster.
+fn status(kubeconfig: &str, ns: &str, extra: &[&str]) -> (i32, String) {
+    let base = [
+        "status",
+        "--kubeconfig",
+        kubeconfig,
+        "--context",
+        LOCAL,
+        "--namespace",
+        ns,
+    ];
+    run_to_exit(&[&base[..], extra].concat(), &[])
+}
+
+#[tokio::test]
+async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_restart() {
+    let ns = namespace("token-renewal").await;
+    let kc = bed().await.kubeconfig.to_string_lossy().to_string();
+    // the shortest lifetime TokenRequest grants
+    let (secret_yaml, stderr) = remote_access(&[
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "10m",
+        "--cluster-name",
+        "east-renew",
+        "--output",
+        "secret",
+        "--secret-namespace",
+        &ns.name,
+    ]);
+    assert!(
+        stderr.contains("the daemon reading this Secret renews it"),
+        "{stderr}"
+    );
+    let secret: Secret = serde_yaml::from_str(&secret_yaml).unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let name = secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap()
+        .metadata
+        .name
+        .unwrap();
+    let (first_token, first) = secret_token(&secrets, &name).await;
+    let remote: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+
+    // a window wider than the lifetime: due at once (30 s after issue at the earliest)
+    let args = support::daemon::with_args(
+        support::remotes::secrets_only_args(&ns.name),
+        &["--remote-token-renew-before", "11m"],
+    );
+    let mut d = Daemon::start_secrets_only(&args).await;
+    follower_converges(&local, &remote, "shop").await;
+    let expiry = |d: &Daemon| {
+        d.gauge(
+            "xcc_remote_credential_expiry_timestamp_seconds",
+            &["remote=\"east-renew\""],
+        )
+    };
+    eventually(
+        "the first token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = first.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
+    .await;
+    let second = renewed_after(&secrets, &name, &first).await;
+    let (second_token, _) = secret_token(&secrets, &name).await;
+    assert_ne!(second_token, first_token);
+    d.wait_metric(
+        "xcc_remote_credential_renewals_total",
+        &["remote=\"east-renew\"", "outcome=\"renewed\""],
+        1.0,
+    )
+    .await;
+    // the Secret watch rotated the remote onto the new token: its expiry shows, and it is read
+    eventually(
+        "the renewed token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = second.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
+    .await;
+    assert!(d.metric("xcc_remote_changes_total", &["change=\"rotated\""]) >= 1.0);
+    present(&local, "shop")
+        .await
+        .expect("the follower stays through the rotation");
+    follower_converges(&local, &remote, "cart").await;
+    // the status command shows the expiry, and exits 3: it is within the default 7 days
+    let (code, out) = eventually(
+        "status to name the credential",
+        Duration::from_secs(30),
+        || async {
+            let (code, out) = status(&kc, &ns.name, &[]);
+            if out.contains("expires in") {
+                Ok((code, out))
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await;
+    assert_eq!(code, 3, "{out}");
+    let (code, out) = status(&kc, &ns.name, &["--credential-expiry-threshold", "1m"]);
+    assert_eq!(code, 0, "{out}");
+
+    // a restart loses nothing: the Secret holds the state; the next renewal comes from it
+    d.terminate().await;
+    let d = Daemon::start_secrets_only(&args).await;
+    follower_converges(&local, &remote, "after-restart").await;
+    let third = renewed_after(&secrets, &name, &second).await;
+    assert!(third.expiry > second.expiry);
+    eventually(
+        "the third token's expiry on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let want = third.expiry.map(|t| t.as_second() as f64);
+            if expiry(&d) == want {
+                Ok(())
+            } else {
+                Err(format!("{:?} != {want:?}", expiry(&d)))
+            }
+        },
+    )
+    .await;
+    follower_converges(&local, &remote, "after-second-renewal").await;
+    for f in ["shop", "cart", "after-restart"] {
+        present(&local, f).await.expect("every follower kept");
+    }
+    assert!(!d.logs().contains("not renewed"), "{}", d.logs());
+    drop(d);
+    cleanup_reader_roles(&ns.name).await;
+}
+
+async fn cleanup_reader_roles(ns: &str) {
+    let admin = client(REMOTE).await;
+    let name = format!("cross-cluster-remote-reader-{ns}");
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(admin)
+        .delete(&name, &DeleteParams::default())
+        .await;
 }
