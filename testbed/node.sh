@@ -17,9 +17,12 @@
 #     kernel.panic_on_oops=1, ...) as files bound over /proc/sys in that namespace only: left to
 #     itself it would rewrite them for the whole machine (protectKernelDefaults: false) or refuse
 #     to start (true). The host's values are never changed.
-# The network namespace is the host's: pods use hostNetwork (no pod network, no kube-proxy), and
-# the node's address is 127.0.0.I, so a host-network pod binds its node's address (and a pod on
-# another node binds the same port on its own address).
+# The kubelet and containerd run in the bed's network namespace (testbed/net.sh; not the
+# machine's): host-network pods bind their node's address 127.0.0.I there (and a pod on another
+# node binds the same port on its own address). Every other pod is on the pod network: its veth
+# and the CNI bridge live in the node's own network namespace ($nd/netns, where containerd's CNI
+# plugins run through wrappers), with the node's kube-proxy (nftables) and routes to every other
+# node's pod CIDR through the bed's bridge. The kubelet probes pods across that bridge.
 # Cgroups (v1, cgroupfs driver): containerd names a task's cgroup <parent>/<container id>, and
 # without a parent (what a kubelet with cgroupsPerQOS false passes) /<containerd namespace>/<id>:
 # /k8s.io/<id> for every containerd on the machine, one parent shared by all. Each kubelet
@@ -30,9 +33,10 @@
 # removing a node removes only cgroups under its root.
 #
 # Layout under $dir/NAME/node (node 1) or $dir/NAME/node-I: containerd.toml, containerd/ (root,
-# state, socket), cni/ (a loopback-only conflist, enough for the CRI to report NetworkReady),
-# kubelet.yaml, kubelet.kubeconfig, kubelet/ (--root-dir), logs/ (pod logs), sysctl/, mntns, ports,
-# and the pidfiles kubelet.pid and containerd.pid.
+# state, socket, pods' network namespaces), cni/ (the pod network's conflist), cni-bin/ (plugin
+# wrappers), cni-ipam/ (host-local's leases), kubelet.yaml, kubelet.kubeconfig, kubelet/
+# (--root-dir), kube-proxy.yaml, kube-proxy.kubeconfig, logs/ (pod logs), sysctl/, mntns, netns,
+# ports, and the pidfiles kubelet.pid, containerd.pid and proxy.pid.
 
 # The sandbox image every pod's pause container runs; built locally (no registry here).
 NODE_PAUSE_IMAGE=testbed.invalid/pause:1

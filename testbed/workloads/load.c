@@ -6,11 +6,13 @@
  *                         one stdout line per request, for a test to parse from the pod's logs:
  *                           <unix ms> ok <status> <first line of the body>
  *                           <unix ms> fail <why>
+ *   load idle             waits until killed (a pod to `kubectl exec` into)
  * URL is http://HOST[:PORT][/PATH]; connect and answer each have a 2 s deadline. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,12 +131,20 @@ static void run(const struct url *u, double rate) {
   }
 }
 
+/* as a pod's first process it has no default action for SIGTERM: end at once */
+static void on_term(int sig) { _exit(128 + sig); }
+
 int main(int argc, char **argv) {
   struct url u;
   setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGTERM, on_term);
+  signal(SIGINT, on_term);
+  if (argc == 2 && strcmp(argv[1], "idle") == 0) {
+    for (;;) pause();
+  }
   if (argc < 3 || parse_url(argv[2], &u) != 0 ||
       (strcmp(argv[1], "get") != 0 && strcmp(argv[1], "run") != 0)) {
-    fprintf(stderr, "usage: load get URL | load run URL [RATE]   (URL: http://HOST[:PORT][/PATH])\n");
+    fprintf(stderr, "usage: load get URL | load run URL [RATE] | load idle   (URL: http://HOST[:PORT][/PATH])\n");
     return 2;
   }
   if (strcmp(argv[1], "run") == 0) {
