@@ -80,23 +80,52 @@ async fn a_bed_with_a_pod_network_leaves_the_machines_network_namespace_untouche
             .env("KUBECONFIG", dir.path().join("kubeconfig"))
             .output()
             .expect("kubectl");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
     };
-    eventually("CoreDNS (an ordinary pod) to be Ready on the isle's node", Duration::from_secs(180), || async {
-        let (ok, out) = kubectl(&["-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns", "-o", "json"]);
-        let list: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{ok} {e}: {out}"))?;
-        let pods: Vec<k8s_openapi::api::core::v1::Pod> =
-            serde_json::from_value(list["items"].clone()).map_err(|e| e.to_string())?;
-        match pods.iter().find(|p| pod_ready(p)) {
-            Some(p) => Ok(p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default()),
-            None => Err(out),
-        }
-    })
+    eventually(
+        "CoreDNS (an ordinary pod) to be Ready on the isle's node",
+        Duration::from_secs(180),
+        || async {
+            let (ok, out) = kubectl(&[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "k8s-app=kube-dns",
+                "-o",
+                "json",
+            ]);
+            let list: serde_json::Value =
+                serde_json::from_str(&out).map_err(|e| format!("{ok} {e}: {out}"))?;
+            let pods: Vec<k8s_openapi::api::core::v1::Pod> =
+                serde_json::from_value(list["items"].clone()).map_err(|e| e.to_string())?;
+            match pods.iter().find(|p| pod_ready(p)) {
+                Some(p) => Ok(p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.pod_ip.clone())
+                    .unwrap_or_default()),
+                None => Err(out),
+            }
+        },
+    )
     .await;
-    assert_eq!(host_network(), before, "the machine's network changed while a bed ran");
+    assert_eq!(
+        host_network(),
+        before,
+        "the machine's network changed while a bed ran"
+    );
     own_bed(dir.path(), &["down"]);
     drop(guard);
-    assert_eq!(host_network(), before, "the machine's network changed after a bed");
+    assert_eq!(
+        host_network(),
+        before,
+        "the machine's network changed after a bed"
+    );
 }
 
 /// Takes the bed in `dir` down if the test ends early.

@@ -14,7 +14,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_flag};
-use support::node::{LOAD_IMAGE, WEB_IMAGE, exec, node_cluster, pod_ready, wait_dns, workload_images};
+use support::node::{
+    LOAD_IMAGE, WEB_IMAGE, exec, node_cluster, pod_ready, wait_dns, workload_images,
+};
 use support::{client, eventually, namespace_in, obj};
 use tokio::sync::OnceCell;
 
@@ -179,7 +181,8 @@ async fn pods_reach_pods_of_another_cluster_by_ip_and_services_by_name() {
     })
     .await;
     assert!(
-        body.contains(&format!("cluster={EAST}")) && pods.iter().any(|(n, _)| Some(n.clone()) == pod_of(&body)),
+        body.contains(&format!("cluster={EAST}"))
+            && pods.iter().any(|(n, _)| Some(n.clone()) == pod_of(&body)),
         "answered by one of east's web pods: {body}"
     );
 
@@ -213,7 +216,10 @@ async fn the_first_request_through_a_follower_is_answered_by_the_remote_pods() {
 
     // without a follower, west has no such name
     let before = get_from(WEST, &ns.name, &url).await;
-    assert!(before.is_err(), "no follower yet, yet {url} answered: {before:?}");
+    assert!(
+        before.is_err(),
+        "no follower yet, yet {url} answered: {before:?}"
+    );
 
     let args = with_flag(
         with_flag(args_for(&ns.name), "--local-context", WEST),
@@ -259,11 +265,15 @@ async fn the_first_request_through_a_follower_is_answered_by_the_remote_pods() {
         )
         .await
         .expect("delete the follower's slices");
-    eventually("the request to fail without the follower's slices", WAIT, || async {
-        match get_from(WEST, &ns.name, &url).await {
-            Err(e) => Ok(e),
-            Ok(body) => Err(format!("still answered: {body}")),
-        }
-    })
+    eventually(
+        "the request to fail without the follower's slices",
+        WAIT,
+        || async {
+            match get_from(WEST, &ns.name, &url).await {
+                Err(e) => Ok(e),
+                Ok(body) => Err(format!("still answered: {body}")),
+            }
+        },
+    )
     .await;
 }

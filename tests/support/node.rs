@@ -198,8 +198,15 @@ pub async fn wait_dns(cluster: &str) {
         &format!("CoreDNS of {cluster} to be available"),
         Duration::from_secs(180),
         || async {
-            let d = deployments.get("coredns").await.map_err(|e| e.to_string())?;
-            let ready = d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+            let d = deployments
+                .get("coredns")
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = d
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
             if ready >= 1 {
                 Ok(())
             } else {
