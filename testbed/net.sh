@@ -28,6 +28,9 @@
 # every pod reaches every other pod directly, as across peered VPCs.
 
 bed_netns="$dir/netns"
+# the namespace the bed was made from (the machine's, unless made from inside another bed), kept
+# so tests can read (never change) it: tests/bed_network.rs
+outer_netns="$dir/outer-netns"
 BED_BRIDGE=bed0
 BED_GATEWAY=10.250.0.1
 
@@ -44,7 +47,8 @@ make_bed_ns() {
     exec 8>"$dir/.netns.lock"
     flock 8
     grep -q " $bed_netns " /proc/self/mountinfo && exit 0
-    touch "$bed_netns"
+    touch "$bed_netns" "$outer_netns"
+    grep -q " $outer_netns " /proc/self/mountinfo || mount --bind /proc/self/ns/net "$outer_netns"
     unshare --net="$bed_netns" true
     nsenter --net="$bed_netns" -- bash -c "
       set -e
@@ -58,6 +62,7 @@ make_bed_ns() {
 
 # remove_bed_ns: unmounts it (it ends with its last process)
 remove_bed_ns() {
+  if grep -q " $outer_netns " /proc/self/mountinfo; then umount "$outer_netns" || umount -l "$outer_netns"; fi
   if grep -q " $bed_netns " /proc/self/mountinfo; then umount "$bed_netns" || umount -l "$bed_netns"; fi
 }
 

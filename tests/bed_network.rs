@@ -10,16 +10,13 @@ use std::time::Duration;
 use support::node::pod_ready;
 use support::{eventually, repo_root};
 
-/// The machine's own network namespace: the one its first process runs in (the tests run in the
-/// bed's).
-const HOST_NETNS: &str = "/proc/1/ns/net";
-
-/// What the machine's namespace holds, read (never changed) from inside it.
-fn host_network() -> String {
+/// What the machine's namespace holds, read (never changed) from inside it: the namespace the
+/// shared bed was made from (`outer-netns` in its directory; the tests run in the bed's).
+fn host_network(outer: &std::path::Path) -> String {
     let script = "ip -d -br link; ip -br addr; ip route show table all; ip -6 route show table all; \
                   ip rule; nft -s list ruleset; iptables-save | grep -v '^#'; ip6tables-save | grep -v '^#'";
     let out = Command::new("nsenter")
-        .arg(format!("--net={HOST_NETNS}"))
+        .arg(format!("--net={}", outer.display()))
         .args(["--", "sh", "-c", script])
         .output()
         .expect("nsenter the machine's network namespace");
@@ -49,8 +46,8 @@ fn own_bed(dir: &std::path::Path, args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bed_with_a_pod_network_leaves_the_machines_network_namespace_untouched() {
     // the bed every other test shares must already run in a namespace of its own
-    support::bed().await;
-    let before = host_network();
+    let outer = support::bed().await.dir.join("outer-netns");
+    let before = host_network(&outer);
     let dir = tempfile::Builder::new()
         .prefix("xcc-bed-network")
         .tempdir_in(repo_root().join("target"))
@@ -115,14 +112,14 @@ async fn a_bed_with_a_pod_network_leaves_the_machines_network_namespace_untouche
     )
     .await;
     assert_eq!(
-        host_network(),
+        host_network(&outer),
         before,
         "the machine's network changed while a bed ran"
     );
     own_bed(dir.path(), &["down"]);
     drop(guard);
     assert_eq!(
-        host_network(),
+        host_network(&outer),
         before,
         "the machine's network changed after a bed"
     );
