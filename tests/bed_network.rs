@@ -13,8 +13,10 @@ use support::{eventually, repo_root};
 /// What the machine's namespace holds, read (never changed) from inside it: the namespace the
 /// shared bed was made from (`outer-netns` in its directory; the tests run in the bed's).
 fn host_network(outer: &std::path::Path) -> String {
-    let script = "ip -d -br link; ip -br addr; ip route show table all; ip -6 route show table all; \
-                  ip rule; nft -s list ruleset; iptables-save | grep -v '^#'; ip6tables-save | grep -v '^#'";
+    // every reader must work (set -e); the saves' comment lines hold a time stamp
+    let script = "set -e; ip -d -br link; ip -br addr; ip route show table all; \
+                  ip -6 route show table all; ip rule; nft -s list ruleset; \
+                  iptables-save | sed '/^#/d'; ip6tables-save | sed '/^#/d'";
     let out = Command::new("nsenter")
         .arg(format!("--net={}", outer.display()))
         .args(["--", "sh", "-c", script])
