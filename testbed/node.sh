@@ -66,10 +66,10 @@ containerd_bin() { command -v containerd || echo /usr/bin/containerd; }
 
 node_need_packages() {
   local missing=()
-  for t in containerd ctr runc buildah nsenter unshare gcc; do command -v "$t" >/dev/null || missing+=("$t"); done
-  [ -x /usr/lib/cni/loopback ] || missing+=(/usr/lib/cni/loopback)
+  for t in containerd ctr runc buildah nsenter unshare gcc ip nft conntrack; do command -v "$t" >/dev/null || missing+=("$t"); done
+  [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] || missing+=(/usr/lib/cni/bridge)
   [ ${#missing[@]} -eq 0 ] ||
-    die "a node needs ${missing[*]}: apt-get install -y containerd runc containernetworking-plugins buildah gcc libc6-dev util-linux (.ci/run does)"
+    die "a node needs ${missing[*]}: bash scripts/install-prereqs (apt-get install containerd runc containernetworking-plugins buildah gcc libc6-dev util-linux iproute2 nftables conntrack)"
 }
 
 node_ports() {
