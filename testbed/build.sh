@@ -4,8 +4,9 @@
 # A second run with the same versions returns at once.
 #
 #   testbed/build.sh         the control-plane binaries every cluster of the bed runs
-#   testbed/build.sh node    those, and kubelet and kube-scheduler (same module, same version),
-#                            which only a cluster with a node (testbed/bed node NAME) needs
+#   testbed/build.sh node    those, and kubelet, kube-scheduler and kube-proxy (same module, same
+#                            version) and CoreDNS (coredns-vX.Y.Z, from its own module), which only
+#                            a cluster with a node (testbed/bed node NAME) needs
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -13,8 +14,8 @@ source "$here/versions.env"
 cache=${XCC_CACHE:-$HOME/.cache/cross-cluster-controller}
 bin="$cache/bin/k8s-v$K8S_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
 want=(kube-apiserver kube-controller-manager kubectl etcd helm)
-node_want=(kubelet kube-scheduler)
-[ "${1:-}" = node ] && want+=("${node_want[@]}")
+node_want=(kubelet kube-scheduler kube-proxy)
+[ "${1:-}" = node ] && want+=("${node_want[@]}" "coredns-v$COREDNS_VERSION")
 
 have_all() { for b in "${want[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 if have_all; then echo "$bin"; exit 0; fi
@@ -68,6 +69,17 @@ build_etcd() {
    go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
 }
 
+# CoreDNS's go.mod has no replace directives: a wrapper module requiring it builds its main package
+# with exactly the versions its go.mod names.
+build_coredns() {
+  local d="$work/coredns"
+  mkdir -p "$d"
+  log "building coredns v$COREDNS_VERSION (minutes when cold)"
+  (cd "$d" && go mod init xcc-testbed/coredns >/dev/null 2>&1 &&
+   go get "github.com/coredns/coredns@v$COREDNS_VERSION" >&2 &&
+   go build -trimpath -ldflags "-s -w" -o "$bin/coredns-v$COREDNS_VERSION" github.com/coredns/coredns)
+}
+
 build_helm() {
   log "building helm v$HELM_VERSION"
   GOBIN="$bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
@@ -78,7 +90,8 @@ build_helm() {
   build_kubernetes kube-apiserver kube-controller-manager kubectl
 if [ "${1:-}" = node ]; then
   # CGO_ENABLED=0 as for the others: a static kubelet, nothing to link on the machine
-  [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] || build_kubernetes "${node_want[@]}"
+  [ -x "$bin/kubelet" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/kube-proxy" ] || build_kubernetes "${node_want[@]}"
+  [ -x "$bin/coredns-v$COREDNS_VERSION" ] || build_coredns
 fi
 [ -x "$bin/etcd" ] || build_etcd
 [ -x "$bin/helm" ] || build_helm

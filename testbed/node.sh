@@ -17,9 +17,12 @@
 #     kernel.panic_on_oops=1, ...) as files bound over /proc/sys in that namespace only: left to
 #     itself it would rewrite them for the whole machine (protectKernelDefaults: false) or refuse
 #     to start (true). The host's values are never changed.
-# The network namespace is the host's: pods use hostNetwork (no pod network, no kube-proxy), and
-# the node's address is 127.0.0.I, so a host-network pod binds its node's address (and a pod on
-# another node binds the same port on its own address).
+# The kubelet and containerd run in the bed's network namespace (testbed/net.sh; not the
+# machine's): host-network pods bind their node's address 127.0.0.I there (and a pod on another
+# node binds the same port on its own address). Every other pod is on the pod network: its veth
+# and the CNI bridge live in the node's own network namespace ($nd/netns, where containerd's CNI
+# plugins run through wrappers), with the node's kube-proxy (nftables) and routes to every other
+# node's pod CIDR through the bed's bridge. The kubelet probes pods across that bridge.
 # Cgroups (v1, cgroupfs driver): containerd names a task's cgroup <parent>/<container id>, and
 # without a parent (what a kubelet with cgroupsPerQOS false passes) /<containerd namespace>/<id>:
 # /k8s.io/<id> for every containerd on the machine, one parent shared by all. Each kubelet
@@ -30,9 +33,10 @@
 # removing a node removes only cgroups under its root.
 #
 # Layout under $dir/NAME/node (node 1) or $dir/NAME/node-I: containerd.toml, containerd/ (root,
-# state, socket), cni/ (a loopback-only conflist, enough for the CRI to report NetworkReady),
-# kubelet.yaml, kubelet.kubeconfig, kubelet/ (--root-dir), logs/ (pod logs), sysctl/, mntns, ports,
-# and the pidfiles kubelet.pid and containerd.pid.
+# state, socket, pods' network namespaces), cni/ (the pod network's conflist), cni-bin/ (plugin
+# wrappers), cni-ipam/ (host-local's leases), kubelet.yaml, kubelet.kubeconfig, kubelet/
+# (--root-dir), kube-proxy.yaml, kube-proxy.kubeconfig, logs/ (pod logs), sysctl/, mntns, netns,
+# ports, and the pidfiles kubelet.pid, containerd.pid and proxy.pid.
 
 # The sandbox image every pod's pause container runs; built locally (no registry here).
 NODE_PAUSE_IMAGE=testbed.invalid/pause:1
@@ -62,10 +66,10 @@ containerd_bin() { command -v containerd || echo /usr/bin/containerd; }
 
 node_need_packages() {
   local missing=()
-  for t in containerd ctr runc buildah nsenter unshare gcc; do command -v "$t" >/dev/null || missing+=("$t"); done
-  [ -x /usr/lib/cni/loopback ] || missing+=(/usr/lib/cni/loopback)
+  for t in containerd ctr runc buildah nsenter unshare gcc ip nft conntrack; do command -v "$t" >/dev/null || missing+=("$t"); done
+  [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] || missing+=(/usr/lib/cni/bridge)
   [ ${#missing[@]} -eq 0 ] ||
-    die "a node needs ${missing[*]}: apt-get install -y containerd runc containernetworking-plugins buildah gcc libc6-dev util-linux (.ci/run does)"
+    die "a node needs ${missing[*]}: bash scripts/install-prereqs (apt-get install containerd runc containernetworking-plugins buildah gcc libc6-dev util-linux iproute2 nftables conntrack)"
 }
 
 node_ports() {
@@ -96,6 +100,9 @@ make_node_pki() {
   local c=$1 p="$dir/$1/pki"
   [ -f "$p/apiserver-kubelet-client.crt" ] ||
     sign_cert "$p" apiserver-kubelet-client "/O=system:masters/CN=$c-apiserver-kubelet-client" 'extendedKeyUsage=clientAuth\n'
+  # kube-proxy's identity (bound to system:node-proxier by the bootstrap RBAC)
+  [ -f "$p/kube-proxy.crt" ] ||
+    sign_cert "$p" kube-proxy "/CN=system:kube-proxy" 'extendedKeyUsage=clientAuth\n'
 }
 
 # make_kubelet_pki CLUSTER I: node I's kubelet client certificate (the node identity the Node
@@ -117,7 +124,7 @@ write_node_config() {
   ip=$(node_ip "$c" "$i")
   ports "$c"
   node_ports "$c" "$i"
-  mkdir -p "$nd/containerd" "$nd/cni" "$nd/kubelet" "$nd/logs" "$nd/sysctl"
+  mkdir -p "$nd/containerd" "$nd/kubelet" "$nd/logs" "$nd/sysctl"
   cat >"$nd/containerd.toml" <<EOF
 version = 2
 root = "$nd/containerd/root"
@@ -140,8 +147,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   enable_selinux = false
   stream_server_address = "$ip"
   stream_server_port = "0"
+  # pods' network namespaces under the node's state directory, not the machine's /run/netns
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    # wrappers that run /usr/lib/cni's plugins in the node's network namespace (testbed/net.sh)
+    bin_dir = "$nd/cni-bin"
     conf_dir = "$nd/cni"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -153,10 +163,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         # cgroup v1 host, no systemd: the cgroupfs driver (kubelet's cgroupDriver matches)
         SystemdCgroup = false
 EOF
-  # written once: containerd watches the directory and would read it half-written on a restart
-  [ -f "$nd/cni/10-loopback.conflist" ] || cat >"$nd/cni/10-loopback.conflist" <<EOF
-{"cniVersion": "1.0.0", "name": "testbed-loopback", "plugins": [{"type": "loopback"}]}
-EOF
+  write_node_cni "$c" "$i"
   cat >"$nd/kubelet.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
@@ -171,6 +178,7 @@ contexts:
   context: {cluster: $c, user: $n}
 current-context: $n
 EOF
+  write_proxy_config "$c" "$i"
   cat >"$nd/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -202,6 +210,10 @@ protectKernelDefaults: true
 # the host's iptables are not the bed's to change
 makeIPTablesUtilChains: false
 failSwapOn: false
+# CoreDNS (testbed/dns.sh) behind the cluster's DNS Service; no resolv.conf of the machine's
+clusterDNS: [$(dns_ip "$c")]
+clusterDomain: cluster.local
+resolvConf: ""
 podLogsDir: $nd/logs
 # the disk is shared with others: neither evict pods nor collect images because of its fill
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
@@ -209,6 +221,38 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 maxPods: 30
 serializeImagePulls: false
+EOF
+}
+
+# write_proxy_config CLUSTER I: node I's kube-proxy, in the node's network namespace, reaching its
+# API server at the address pods use (the bed's loopback is not the node namespace's). nftables
+# mode: one table of its own (ip/ip6 kube-proxy), replaced in one transaction, no iptables backend
+# to pick; conntrack tunables left alone (they are the machine's, not the namespace's).
+write_proxy_config() {
+  local c=$1 i=$2 nd p="$dir/$1/pki"
+  nd=$(node_dir "$c" "$i")
+  cat >"$nd/kube-proxy.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $c
+  cluster: {server: "https://$(api_ip "$c"):$apiserver", certificate-authority: "$p/ca.crt"}
+users:
+- name: kube-proxy
+  user: {client-certificate: "$p/kube-proxy.crt", client-key: "$p/kube-proxy.key"}
+contexts:
+- name: kube-proxy
+  context: {cluster: $c, user: kube-proxy}
+current-context: kube-proxy
+EOF
+  cat >"$nd/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $nd/kube-proxy.kubeconfig}
+hostnameOverride: $(node_name "$c" "$i")
+mode: nftables
+clusterCIDR: $(cluster_pod_cidr "$c")
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
 }
 
@@ -220,9 +264,11 @@ make_node_ns() {
   nd=$(node_dir "$c" "$i")
   node_ns_ready "$c" "$i" && return 0
   touch "$nd/mntns"
-  mkdir -p /run/containerd
+  mkdir -p /run/containerd /var/lib/cni
   unshare --mount="$nd/mntns" --propagation private true
   in_node_ns "$c" "$i" mount -t tmpfs -o mode=0711 testbed-node /run/containerd
+  # the CNI library's cache of results
+  in_node_ns "$c" "$i" mount -t tmpfs -o mode=0700 testbed-node-cni /var/lib/cni
   # the values kubelet's setupKernelTunables wants, as files bound over /proc/sys in here only
   for f in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
     kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
@@ -320,7 +366,7 @@ wait_node_ready() {
         -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
       [ "$st" = True ] && return 0
     fi
-    for part in containerd kubelet; do
+    for part in containerd kubelet proxy; do
       part_running "$c" "$(part_of_node $part "$i")" && continue
       echo "testbed: $part of node $n of '$c' exited; last lines of $nd/$part.log:" >&2
       tail -n 20 "$nd/$part.log" >&2
@@ -345,6 +391,7 @@ start_node() {
   make_node_pki "$c"
   make_kubelet_pki "$c" "$i"
   write_node_config "$c" "$i"
+  make_node_netns "$c" "$i"
   make_node_ns "$c" "$i"
   if ! part_running "$c" "$(part_of_node containerd "$i")"; then
     setsid nsenter --mount="$nd/mntns" -- "$(containerd_bin)" --config "$nd/containerd.toml" \
@@ -365,6 +412,11 @@ start_node() {
       --cert-dir "$nd/kubelet/pki" --hostname-override "$(node_name "$c" "$i")" --node-ip "$(node_ip "$c" "$i")" \
       >>"$nd/kubelet.log" 2>&1 </dev/null 9>&- &
     proc_record $! "$nd/kubelet.pid"
+  fi
+  if ! part_running "$c" "$(part_of_node proxy "$i")"; then
+    setsid nsenter --net="$nd/netns" -- "$bin/kube-proxy" --config "$nd/kube-proxy.yaml" \
+      >>"$nd/proxy.log" 2>&1 </dev/null 9>&- &
+    proc_record $! "$nd/proxy.pid"
   fi
 }
 
@@ -389,6 +441,7 @@ start_nodes() {
 # stop_node CLUSTER I SIGNAL: node I's kubelet, then its containerd. The pods' containers keep
 # running under their shims, as when a real node's agents restart; start_node picks them up again.
 stop_node() {
+  signal_part "$1" "$(part_of_node proxy "$2")" "$3"
   signal_part "$1" "$(part_of_node kubelet "$2")" "$3"
   signal_part "$1" "$(part_of_node containerd "$2")" "$3"
 }
@@ -403,6 +456,7 @@ remove_node() {
   nd=$(node_dir "$c" "$i")
   [ -d "$nd" ] || return 0
   sock="$nd/containerd/containerd.sock"
+  signal_part "$c" "$(part_of_node proxy "$i")" TERM
   signal_part "$c" "$(part_of_node kubelet "$i")" TERM
   if part_running "$c" "$(part_of_node containerd "$i")"; then
     for t in $(node_ctr "$c" "$i" tasks ls -q 2>/dev/null); do
@@ -439,4 +493,5 @@ remove_node() {
     done
   done
   if node_ns_ready "$c" "$i"; then umount "$nd/mntns" || umount -l "$nd/mntns"; fi
+  remove_node_netns "$c" "$i"
 }

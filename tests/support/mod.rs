@@ -87,6 +87,7 @@ pub async fn bed() -> &'static Bed {
                     .map(|v| PathBuf::from(v.trim_matches('\'')))
                     .unwrap_or_else(|| panic!("testbed/bed env did not print {var}"))
             };
+            assert_in_bed_netns(&get("XCC_TESTBED_NETNS"));
             Bed {
                 kubeconfig: get("XCC_TESTBED_KUBECONFIG"),
                 dir: get("XCC_TESTBED_DIR"),
@@ -96,6 +97,19 @@ pub async fn bed() -> &'static Bed {
         .expect("test bed start-up task panicked")
     })
     .await
+}
+
+/// The bed (API servers, nodes, pods) lives in a network namespace of its own (testbed/net.sh):
+/// a test reaches it only from in there.
+fn assert_in_bed_netns(netns: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    assert!(
+        ns(Path::new("/proc/self/ns/net")) == ns(netns),
+        "the tests run inside the test bed's network namespace {}: \
+         `bash testbed/bed exec cargo test ...` (scripts/test does so)",
+        netns.display()
+    );
 }
 
 pub async fn config(context: &str) -> Config {

@@ -154,3 +154,80 @@ pub fn kubectl(cluster: &str) -> Command {
         .args(["--context", cluster]);
     cmd
 }
+
+/// The bed's workload images (testbed/workloads, C built here): `testbed.invalid/web:1` (an HTTP
+/// server answering with its pod's name and cluster) and `testbed.invalid/load:1` (a client:
+/// `get URL`, `run URL RATE`, `idle`), imported into every node of `cluster`.
+pub const WEB_IMAGE: &str = "testbed.invalid/web:1";
+pub const LOAD_IMAGE: &str = "testbed.invalid/load:1";
+
+pub async fn workload_images(cluster: &'static str) {
+    let dir = repo_root().join("target/workloads");
+    std::fs::create_dir_all(&dir).expect("target/workloads");
+    let web = static_c_binary("testbed/workloads/web.c", &dir);
+    // dynamic: its resolver (getaddrinfo, glibc's built-in DNS) comes with libc, which the image
+    // takes along (`testbed/bed image` copies what ldd names)
+    let load = c_binary("testbed/workloads/load.c", &dir, false);
+    import_image(cluster, WEB_IMAGE, &web).await;
+    import_image(cluster, LOAD_IMAGE, &load).await;
+}
+
+/// Compiles one C file of the repository into `out_dir` (static or not).
+pub fn c_binary(source: &str, out_dir: &Path, static_: bool) -> PathBuf {
+    if static_ {
+        return static_c_binary(source, out_dir);
+    }
+    let src = repo_root().join(source);
+    let out = out_dir.join(src.file_stem().expect("a file name"));
+    let status = Command::new("gcc")
+        .args(["-Os", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run gcc: {e}"));
+    assert!(status.success(), "gcc {} failed", src.display());
+    out
+}
+
+/// Waits until `cluster`'s CoreDNS (testbed/dns.sh) is available: it reads Services through the
+/// `kubernetes` Service with in-cluster configuration, as pods do in production.
+pub async fn wait_dns(cluster: &str) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(super::client(cluster).await, "kube-system");
+    super::eventually(
+        &format!("CoreDNS of {cluster} to be available"),
+        Duration::from_secs(180),
+        || async {
+            let d = deployments
+                .get("coredns")
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = d
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
+            if ready >= 1 {
+                Ok(())
+            } else {
+                Err(format!("{:?}", d.status))
+            }
+        },
+    )
+    .await
+}
+
+/// `kubectl exec POD -- ARGS` in `cluster`/`ns`: Ok(stdout) or Err(stderr and stdout).
+pub fn exec(cluster: &str, ns: &str, pod: &str, args: &[&str]) -> Result<String, String> {
+    let out = kubectl(cluster)
+        .args(["-n", ns, "exec", pod, "--"])
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{}{stdout}", String::from_utf8_lossy(&out.stderr)))
+    }
+}

@@ -1,0 +1,167 @@
+/* The bed's load client (testbed/workloads, image testbed.invalid/load).
+ *   load get URL          one GET (curl-like, for kubectl exec): prints the body, exits 0 on a
+ *                         2xx answer; otherwise one line "load: <URL>: <why>" on stderr, exit 1
+ *   load run URL [RATE]   RATE requests a second (default 10) until killed, each on a new
+ *                         connection whose host name is resolved anew (the pod's resolv.conf),
+ *                         one stdout line per request, for a test to parse from the pod's logs:
+ *                           <unix ms> ok <status> <first line of the body>
+ *                           <unix ms> fail <why>
+ *   load idle             waits until killed (a pod to `kubectl exec` into)
+ * URL is http://HOST[:PORT][/PATH]; connect and answer each have a 2 s deadline. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+struct url {
+  char host[256], port[8], path[512];
+};
+
+static int parse_url(const char *s, struct url *u) {
+  if (strncmp(s, "http://", 7) != 0) return -1;
+  s += 7;
+  size_t h = strcspn(s, ":/");
+  if (h == 0 || h >= sizeof u->host) return -1;
+  memcpy(u->host, s, h);
+  u->host[h] = 0;
+  s += h;
+  snprintf(u->port, sizeof u->port, "80");
+  if (*s == ':') {
+    size_t p = strcspn(++s, "/");
+    if (p == 0 || p >= sizeof u->port) return -1;
+    memcpy(u->port, s, p);
+    u->port[p] = 0;
+    s += p;
+  }
+  snprintf(u->path, sizeof u->path, "%s", *s ? s : "/");
+  return 0;
+}
+
+/* connect with a deadline; on failure, why says so */
+static int dial(const struct url *u, char *why, size_t n) {
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+  int rc = getaddrinfo(u->host, u->port, &hints, &ai);
+  if (rc != 0) {
+    snprintf(why, n, "resolve %s: %s", u->host, gai_strerror(rc));
+    return -1;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  if (fd < 0 || (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)) {
+    snprintf(why, n, "connect: %s", strerror(errno));
+    freeaddrinfo(ai);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  freeaddrinfo(ai);
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (poll(&p, 1, 2000) != 1) err = ETIMEDOUT;
+  else getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err) {
+    snprintf(why, n, "connect: %s", strerror(err));
+    close(fd);
+    return -1;
+  }
+  fcntl(fd, F_SETFL, 0);
+  struct timeval tv = {2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/* one GET: the status code (and the body in body), or -1 with why */
+static int get(const struct url *u, char *body, size_t bn, char *why, size_t wn) {
+  int fd = dial(u, why, wn);
+  if (fd < 0) return -1;
+  char buf[8192];
+  int len = snprintf(buf, sizeof buf, "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: load\r\n\r\n",
+                     u->path, u->host);
+  if (send(fd, buf, (size_t)len, MSG_NOSIGNAL) != len) {
+    snprintf(why, wn, "send: %s", strerror(errno));
+    close(fd);
+    return -1;
+  }
+  size_t got = 0;
+  ssize_t r;
+  while (got < sizeof buf - 1 && (r = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0)
+    got += (size_t)r;
+  int e = errno;
+  close(fd);
+  buf[got] = 0;
+  int code;
+  if (sscanf(buf, "HTTP/%*s %d", &code) != 1) {
+    snprintf(why, wn, "no HTTP answer (%s)", got ? "garbled" : e ? strerror(e) : "closed");
+    return -1;
+  }
+  char *b = strstr(buf, "\r\n\r\n");
+  snprintf(body, bn, "%s", b ? b + 4 : "");
+  return code;
+}
+
+static long long unix_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void run(const struct url *u, double rate) {
+  char body[4096], why[512];
+  struct timespec next;
+  clock_gettime(CLOCK_MONOTONIC, &next);
+  long step = (long)(1e9 / rate);
+  for (;;) {
+    int code = get(u, body, sizeof body, why, sizeof why);
+    body[strcspn(body, "\r\n")] = 0;
+    if (code >= 0) printf("%lld ok %d %s\n", unix_ms(), code, body);
+    else printf("%lld fail %s\n", unix_ms(), why);
+    next.tv_nsec += step;
+    while (next.tv_nsec >= 1000000000L) {
+      next.tv_nsec -= 1000000000L;
+      next.tv_sec++;
+    }
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+  }
+}
+
+/* as a pod's first process it has no default action for SIGTERM: end at once */
+static void on_term(int sig) { _exit(128 + sig); }
+
+int main(int argc, char **argv) {
+  struct url u;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGTERM, on_term);
+  signal(SIGINT, on_term);
+  if (argc == 2 && strcmp(argv[1], "idle") == 0) {
+    for (;;) pause();
+  }
+  if (argc < 3 || parse_url(argv[2], &u) != 0 ||
+      (strcmp(argv[1], "get") != 0 && strcmp(argv[1], "run") != 0)) {
+    fprintf(stderr, "usage: load get URL | load run URL [RATE] | load idle   (URL: http://HOST[:PORT][/PATH])\n");
+    return 2;
+  }
+  if (strcmp(argv[1], "run") == 0) {
+    double rate = argc > 3 ? atof(argv[3]) : 10;
+    run(&u, rate > 0 ? rate : 10);
+    return 0;
+  }
+  char body[4096], why[512];
+  int code = get(&u, body, sizeof body, why, sizeof why);
+  if (code < 0) {
+    fprintf(stderr, "load: %s: %s\n", argv[2], why);
+    return 1;
+  }
+  fputs(body, stdout);
+  if (code < 200 || code > 299) {
+    fprintf(stderr, "load: %s: HTTP %d\n", argv[2], code);
+    return 1;
+  }
+  return 0;
+}
