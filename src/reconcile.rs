@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use tracing::{debug, warn};
 
 use crate::cache::{Cache, GroupKey, by_name, by_service_label};
@@ -203,8 +203,8 @@ pub struct Ctx {
     pub namespaces: Vec<String>,
     pub remotes: Arc<crate::registry::Registry>,
     pub local: Arc<LocalState>,
+    /// every local write, Events included
     pub writer: Writer,
-    pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub create_namespaces: bool,
     /// Where Events go when there is no local object to attach them to.
@@ -385,7 +385,7 @@ impl Ctx {
             self.metrics.events_suppressed.inc();
             return;
         }
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) = self.writer.event(&ev, &reference).await {
             debug!(error = %e, "could not record an Event");
         }
     }

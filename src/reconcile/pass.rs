@@ -333,7 +333,14 @@ async fn ensure_service(
                         changed: true,
                     });
                 }
-                Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+                Ok(Written::Skipped) => {
+                    // dry run: nothing was sent, so only a look shows whether the create would
+                    // have met a missing namespace
+                    if !ctx.writer.namespace_exists(&key.namespace).await? {
+                        return namespace_missing(ctx, key, &origin_of(desired, ctx)).await;
+                    }
+                    return Ok(ServiceState::Done(Outcome::Applied));
+                }
                 Err(e) if e.api_code() == Some(409) => {
                     // exists but not in our cache: it may well not be ours, so look before touching
                     actual = ctx.writer.get::<Service>(&key.namespace, &key.name).await?;
@@ -392,18 +399,12 @@ async fn ensure_service(
 
 async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<ServiceState> {
     if ctx.create_namespaces {
-        let api: Api<Namespace> = Api::all(ctx.writer.client().clone());
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(key.namespace.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &ns).await {
-            Ok(_) => info!(namespace = %key.namespace, "created missing namespace"),
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
+        match ctx.writer.create_namespace(&key.namespace).await {
+            Ok(Written::Done(_)) => {}
+            // dry run: it would create the namespace, then the follower in it
+            Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+            Err(e) if e.api_code() == Some(409) => {}
+            Err(e) => return Err(e),
         }
         // retried by the caller's back-off, now that the namespace exists
         return Err(Error::Config(format!(
