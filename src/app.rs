@@ -164,7 +164,10 @@ fn election(
         info!(lease = %args.lease_name, namespace = %args.namespace, "dry run: not taking part in the election (the Lease is left alone); acting as the leader, writing nothing");
         let stop = sup.shutdown_token();
         let idle = async move { stop.cancelled().await };
-        return (Leadership::assumed(), sup.spawn("lease (none: dry run)", idle));
+        return (
+            Leadership::assumed(),
+            sup.spawn("lease (none: dry run)", idle),
+        );
     }
     let lease_cfg = LeaseConfig {
         namespace: args.namespace.clone(),

@@ -484,12 +484,10 @@ pub fn ctx(
         namespaces: Vec::new(),
         remotes: Arc::new(registry),
         local,
-        writer: Writer::new(client, leader, false, Arc::clone(&metrics)).with_reporter(
-            Reporter {
-                controller: "cross-cluster-controller-test".into(),
-                instance: None,
-            },
-        ),
+        writer: Writer::new(client, leader, false, Arc::clone(&metrics)).with_reporter(Reporter {
+            controller: "cross-cluster-controller-test".into(),
+            instance: None,
+        }),
         metrics,
         create_namespaces: false,
         fallback_ref: ObjectReference::default(),

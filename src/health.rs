@@ -224,7 +224,9 @@ impl Keeper {
             match self.sync().await {
                 // leadership lost meanwhile: the writer refused the rest
                 Ok(()) | Err(Error::NotLeader) => {}
-                Err(e) => warn!(error = %crate::error::chain(&e), "remote health Leases: not written this time"),
+                Err(e) => {
+                    warn!(error = %crate::error::chain(&e), "remote health Leases: not written this time")
+                }
             }
         }
     }
@@ -319,7 +321,13 @@ impl Keeper {
                 continue;
             }
             let why = "its remote is not read any more";
-            match self.rt.ctx.writer.delete::<Lease>(&self.namespace, name, uid, why).await {
+            match self
+                .rt
+                .ctx
+                .writer
+                .delete::<Lease>(&self.namespace, name, uid, why)
+                .await
+            {
                 Ok(()) => {}
                 Err(e) if e.api_code() == Some(409) => debug!(lease = %name, "replaced meanwhile"),
                 Err(e) => return Err(e),

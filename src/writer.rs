@@ -72,7 +72,10 @@ pub struct Target<'a> {
 
 impl Target<'_> {
     fn describe(&self) -> String {
-        format!("{} {} {}/{}", self.verb, self.kind, self.namespace, self.name)
+        format!(
+            "{} {} {}/{}",
+            self.verb, self.kind, self.namespace, self.name
+        )
     }
 }
 
@@ -172,7 +175,9 @@ impl Writer {
     ) -> Result<kube::Result<T>> {
         tokio::time::timeout(self.deadline, request)
             .await
-            .map_err(|_| Error::Timeout(format!("{}: no answer within {:?}", what(), self.deadline)))
+            .map_err(|_| {
+                Error::Timeout(format!("{}: no answer within {:?}", what(), self.deadline))
+            })
     }
 
     /// Every write: gated (Lease, dry run), bounded by the deadline, then counted and logged
@@ -216,7 +221,9 @@ impl Writer {
         let name = obj.name_any();
         let api = Api::<K>::namespaced(self.client.clone(), &ns);
         let t = target::<K>("create", &ns, &name);
-        Ok(Self::written(self.write(t, api.create(&Self::pp(), obj)).await?))
+        Ok(Self::written(
+            self.write(t, api.create(&Self::pp(), obj)).await?,
+        ))
     }
 
     /// Reads one local object live (what a create refused as existing holds), within the
@@ -250,7 +257,8 @@ impl Writer {
             quiet,
             ..target::<K>("update", &ns, &name)
         };
-        let request = api.replace(&name, &Self::pp(), obj);
+        let pp = Self::pp();
+        let request = api.replace(&name, &pp, obj);
         Ok(Self::written(self.write(t, request).await?))
     }
 
@@ -293,7 +301,7 @@ impl Writer {
             ..Default::default()
         };
         let t = Target {
-            kind: Namespace::KIND,
+            kind: <Namespace as k8s_openapi::Resource>::KIND,
             verb: "create",
             namespace: "",
             name,
@@ -301,7 +309,9 @@ impl Writer {
             quiet: false,
             reason: "a remote exports into it (--create-namespaces)",
         };
-        Ok(Self::written(self.write(t, api.create(&Self::pp(), &ns)).await?))
+        Ok(Self::written(
+            self.write(t, api.create(&Self::pp(), &ns)).await?,
+        ))
     }
 
     /// Records an Event about `on` (kube's recorder: a new Event, or a repeat counted on the one
@@ -470,8 +480,12 @@ mod tests {
                     sent(w.create(&lease).await),
                     sent(w.renew(&lease).await),
                     sent(w.replace(&lease).await),
-                    w.delete::<Lease>("shop", "h", "uid-h", "test").await.map(|()| false),
-                    w.create_namespace("shop").await.map(|w| matches!(w, Written::Done(_))),
+                    w.delete::<Lease>("shop", "h", "uid-h", "test")
+                        .await
+                        .map(|()| false),
+                    w.create_namespace("shop")
+                        .await
+                        .map(|w| matches!(w, Written::Done(_))),
                     w.event(&ev, &on).await.map(|()| false),
                 ]
             },
@@ -491,7 +505,13 @@ mod tests {
         for (i, r) in every_other_write(&w, &api).await.into_iter().enumerate() {
             assert!(matches!(r, Ok(false)), "write #{i}: {r:?}");
         }
-        assert_eq!(w.metrics.writes.get_or_create(&labels([("kind", "Lease"), ("verb", "create")])).get(), 0);
+        assert_eq!(
+            w.metrics
+                .writes
+                .get_or_create(&labels([("kind", "Lease"), ("verb", "create")]))
+                .get(),
+            0
+        );
     }
 
     #[tokio::test]
@@ -510,8 +530,11 @@ mod tests {
         }
         // reads are sent: a dry run computes from what is there
         let exists = run(&[&api], w.namespace_exists("shop"), async {
-            api.expect(fixtures::get("/api/v1/namespaces/shop"), status(404, "NotFound"))
-                .await;
+            api.expect(
+                fixtures::get("/api/v1/namespaces/shop"),
+                status(404, "NotFound"),
+            )
+            .await;
         })
         .await;
         assert!(matches!(exists, Ok(false)));
@@ -522,7 +545,12 @@ mod tests {
         // defence in depth: a leadership no election granted holds no Lease, so even a writer
         // wired wrongly (dry run off) refuses every write before any request
         let (client, api) = fixtures::client("local");
-        let w = Writer::new(client, Leadership::assumed(), false, Arc::new(Metrics::default()));
+        let w = Writer::new(
+            client,
+            Leadership::assumed(),
+            false,
+            Arc::new(Metrics::default()),
+        );
         let svc = web(Some("7"));
         let (create, replace, delete) = every_verb(&w, &api, &svc).await;
         assert!(matches!(create, Err(Error::NotLeader)));
@@ -544,12 +572,20 @@ mod tests {
     #[tokio::test]
     async fn leases_namespaces_and_events_are_sent_counted_and_bounded_by_the_deadline() {
         let (w, api, _lease) = writer(true, false);
+        let metrics = Arc::clone(&w.metrics);
         let count = |kind: &str, verb: &str| {
-            w.metrics.writes.get_or_create(&labels([("kind", kind), ("verb", verb)])).get()
+            metrics
+                .writes
+                .get_or_create(&labels([("kind", kind), ("verb", verb)]))
+                .get()
         };
         let lease = health_lease(Some("3"));
-        let reply = || ok(json!({"metadata": {"namespace": "shop", "name": "h", "uid": "uid-h",
-                                              "resourceVersion": "4"}}));
+        let reply = || {
+            ok(
+                json!({"metadata": {"namespace": "shop", "name": "h", "uid": "uid-h",
+                                              "resourceVersion": "4"}}),
+            )
+        };
         run(&[&api], w.create(&health_lease(None)), async {
             let sent = api
                 .expect(post(LEASES).query("fieldManager", FIELD_MANAGER), reply())
@@ -615,7 +651,11 @@ mod tests {
         })
         .await;
         assert!(matches!(&hung, Err(Error::Timeout(m)) if m.contains("update Lease shop/h")));
-        assert_eq!(count("Namespace", "create"), 1, "a write that timed out is not counted");
+        assert_eq!(
+            count("Namespace", "create"),
+            1,
+            "a write that timed out is not counted"
+        );
     }
 
     #[tokio::test]

@@ -29,8 +29,10 @@ const WAIT: Duration = Duration::from_secs(60);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 fn leader(name: &str, port: i32) -> Service {
-    obj(json!({"metadata": {"name": name, "labels": {KEY: "true", "app": name}},
-               "spec": {"ports": [{"name": "http", "port": port, "targetPort": 8080}]}}))
+    obj(
+        json!({"metadata": {"name": name, "labels": {KEY: "true", "app": name}},
+               "spec": {"ports": [{"name": "http", "port": port, "targetPort": 8080}]}}),
+    )
 }
 
 fn remote_slice(svc: &str, ip: &str) -> EndpointSlice {
@@ -183,16 +185,28 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
     export(&remote, &missing.name, "api", 80, "10.1.0.4").await;
     // a local Service of a leader's name that is not ours: a conflict, reported with an Event
     let local_svc: Api<Service> = Api::namespaced(local.clone(), &ns.name);
-    let theirs: Service = obj(json!({"metadata": {"name": "taken"}, "spec": {"ports": [{"port": 80}]}}));
-    local_svc.create(&PostParams::default(), &theirs).await.unwrap();
+    let theirs: Service =
+        obj(json!({"metadata": {"name": "taken"}, "spec": {"ports": [{"port": 80}]}}));
+    local_svc
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
 
     // a live daemon mirrors what it can (not the missing namespace), then stops: its Lease and
     // the remote's health Lease stay behind, as in a cluster where the daemon ran before
-    let scope = ["--watch-namespace", &missing.name, "--lease-name", CHART_LEASE];
+    let scope = [
+        "--watch-namespace",
+        &missing.name,
+        "--lease-name",
+        CHART_LEASE,
+    ];
     let mut live = Daemon::start(&with_args(args_for(&ns.name), &scope)).await;
     live.wait_synced().await;
     for name in ["web", "gone"] {
-        eventually(&format!("the follower {name}"), WAIT, || present(&local_svc, name)).await;
+        eventually(&format!("the follower {name}"), WAIT, || {
+            present(&local_svc, name)
+        })
+        .await;
     }
     assert_eq!(live.terminate().await, Some(0), "{}", live.logs());
 
@@ -233,9 +247,18 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
     let more = [
         would("create", "Namespace", &missing.name),
         would("update", "Lease", &health),
-        vec!["dry run: would create".into(), "kind=\"Event\"".into(), "reason=\"NotOurFollower\"".into()],
+        vec![
+            "dry run: would create".into(),
+            "kind=\"Event\"".into(),
+            "reason=\"NotOurFollower\"".into(),
+        ],
     ];
-    wait_logged(&dry, "the dry run's would-be Namespace, Lease and Event", &more).await;
+    wait_logged(
+        &dry,
+        "the dry run's would-be Namespace, Lease and Event",
+        &more,
+    )
+    .await;
     assert!(
         dry.logs().contains("not taking part in the election"),
         "{}",
@@ -251,7 +274,13 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
         "a dry run changed the local cluster: {changed:#?}\n{}",
         dry.logs()
     );
-    let checked = ["Lease/", "Service/", "EndpointSlice/", "Namespace/", "Event/"];
+    let checked = [
+        "Lease/",
+        "Service/",
+        "EndpointSlice/",
+        "Namespace/",
+        "Event/",
+    ];
     for kind in checked {
         assert!(
             before.keys().any(|k| k.starts_with(kind)),
@@ -268,11 +297,22 @@ async fn a_live_daemon_leads_and_converges_beside_a_running_dry_run() {
     export(&remote, &ns.name, "web", 80, "10.2.0.1").await;
     let chart = ["--lease-name", CHART_LEASE];
 
-    let dry_args = with_args(args_for(&ns.name), &[&chart[..], &["--dry-run", "--identity", "dry-1"]].concat());
+    let dry_args = with_args(
+        args_for(&ns.name),
+        &[&chart[..], &["--dry-run", "--identity", "dry-1"]].concat(),
+    );
     let dry = Daemon::start(&dry_args).await;
-    wait_logged(&dry, "the dry run at work", &[would("create", "Service", "web")]).await;
+    wait_logged(
+        &dry,
+        "the dry run at work",
+        &[would("create", "Service", "web")],
+    )
+    .await;
 
-    let live_args = with_args(args_for(&ns.name), &[&chart[..], &["--identity", "live-1"]].concat());
+    let live_args = with_args(
+        args_for(&ns.name),
+        &[&chart[..], &["--identity", "live-1"]].concat(),
+    );
     let live = Daemon::start(&live_args).await;
     live.wait_synced().await;
     let leases: Api<Lease> = Api::namespaced(local.clone(), &ns.name);

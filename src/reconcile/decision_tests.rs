@@ -516,23 +516,25 @@ async fn a_retired_remote_counts_as_proof() {
 fn dry_run(mut s: Setup, create_namespaces: bool) -> Setup {
     let metrics = Arc::clone(&s.ctx.metrics);
     let client = s.ctx.writer.client().clone();
-    s.ctx.writer = crate::writer::Writer::new(
-        client,
-        crate::lease::Leadership::assumed(),
-        true,
-        metrics,
-    );
+    s.ctx.writer =
+        crate::writer::Writer::new(client, crate::lease::Leadership::assumed(), true, metrics);
     s.ctx.create_namespaces = create_namespaces;
     s
 }
 
 #[tokio::test]
 async fn a_dry_run_only_looks_at_the_namespace_of_a_follower_it_would_create() {
-    let s = dry_run(setup(vec![cluster_ip_service()], vec![], vec![], vec![]), true);
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        true,
+    );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
         // a read; no POST of the Service
         s.api
-            .expect(get("/api/v1/namespaces/shop"), ok(json!({"metadata": {"name": "shop"}})))
+            .expect(
+                get("/api/v1/namespaces/shop"),
+                ok(json!({"metadata": {"name": "shop"}})),
+            )
             .await;
     })
     .await
@@ -542,7 +544,10 @@ async fn a_dry_run_only_looks_at_the_namespace_of_a_follower_it_would_create() {
 
 #[tokio::test]
 async fn a_dry_run_would_create_a_missing_namespace_and_sends_no_post() {
-    let s = dry_run(setup(vec![cluster_ip_service()], vec![], vec![], vec![]), true);
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        true,
+    );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
         s.api
             .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
@@ -557,7 +562,10 @@ async fn a_dry_run_would_create_a_missing_namespace_and_sends_no_post() {
 #[tokio::test]
 async fn a_dry_run_logs_the_events_it_would_record_instead_of_sending_them() {
     // a missing namespace, not created: a skip, whose Event is only logged
-    let s = dry_run(setup(vec![cluster_ip_service()], vec![], vec![], vec![]), false);
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        false,
+    );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
         s.api
             .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
@@ -579,7 +587,9 @@ async fn a_dry_run_logs_the_events_it_would_record_instead_of_sending_them() {
         ),
         false,
     );
-    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {}).await.unwrap();
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
     assert_eq!(outcome, Outcome::Conflict);
 }
 
@@ -588,17 +598,31 @@ async fn a_dry_run_would_update_and_delete_but_sends_neither() {
     let mut stale = live_follower("uid-web", "5");
     stale["spec"]["ports"][0]["port"] = json!(81);
     let s = dry_run(
-        setup(vec![cluster_ip_service()], vec![], vec![fixtures::obj(stale)], vec![]),
+        setup(
+            vec![cluster_ip_service()],
+            vec![],
+            vec![fixtures::obj(stale)],
+            vec![],
+        ),
         false,
     );
-    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {}).await.unwrap();
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
     assert_eq!(outcome, Outcome::Applied);
 
     // the leader gone: the follower would be deleted
     let s = dry_run(
-        setup(vec![], vec![], vec![fixtures::obj(live_follower("uid-web", "5"))], vec![]),
+        setup(
+            vec![],
+            vec![],
+            vec![fixtures::obj(live_follower("uid-web", "5"))],
+            vec![],
+        ),
         false,
     );
-    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {}).await.unwrap();
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
     assert_eq!(outcome, Outcome::Deleted);
 }

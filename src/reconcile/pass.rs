@@ -10,11 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Ctx, Key, NAMESPACE_MISSING, Outcome, RemoteState, read};
