@@ -529,7 +529,8 @@ async fn a_dry_run_only_looks_at_the_namespace_of_a_follower_it_would_create() {
         true,
     );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
-        // a read; no POST of the Service
+        // reads; no POST of the Service
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
         s.api
             .expect(
                 get("/api/v1/namespaces/shop"),
@@ -549,6 +550,7 @@ async fn a_dry_run_would_create_a_missing_namespace_and_sends_no_post() {
         true,
     );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
         s.api
             .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
             .await;
@@ -567,6 +569,7 @@ async fn a_dry_run_logs_the_events_it_would_record_instead_of_sending_them() {
         false,
     );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
         s.api
             .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
             .await;
@@ -625,4 +628,24 @@ async fn a_dry_run_would_update_and_delete_but_sends_neither() {
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Deleted);
+}
+
+#[tokio::test]
+async fn a_dry_run_finds_a_service_that_is_not_ours_as_a_real_create_would() {
+    // not in the follower cache: a real create meets 409 and reads it; a dry run reads it
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let theirs = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "shop", "name": "web", "uid": "uid-theirs",
+                         "resourceVersion": "3", "labels": {"app": "theirs"}},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}});
+        s.api.expect(get(WEB), ok(theirs)).await;
+        // the NotOurFollower Event is logged, not sent
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
 }

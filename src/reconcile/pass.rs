@@ -321,7 +321,7 @@ async fn ensure_service(
     actual: Option<Service>,
     desired: &Service,
 ) -> Result<ServiceState> {
-    let mut actual = actual;
+    let (mut actual, mut looked) = (actual, false);
     // at most: create -> AlreadyExists -> read it -> update it
     for _ in 0..3 {
         let Some(live) = actual.take() else {
@@ -332,14 +332,13 @@ async fn ensure_service(
                         changed: true,
                     });
                 }
-                Ok(Written::Skipped) => {
-                    // dry run: nothing was sent, so only a look shows whether the create would
-                    // have met a missing namespace
-                    if !ctx.writer.namespace_exists(&key.namespace).await? {
-                        return namespace_missing(ctx, key, &origin_of(desired, ctx)).await;
+                Ok(Written::Skipped) => match dry_run_look(ctx, key, desired, looked).await? {
+                    Look::Exists(live) => {
+                        (looked, actual) = (true, Some(live));
+                        continue;
                     }
-                    return Ok(ServiceState::Done(Outcome::Applied));
-                }
+                    Look::Done(state) => return Ok(state),
+                },
                 Err(e) if e.api_code() == Some(409) => {
                     // exists but not in our cache: it may well not be ours, so look before touching
                     actual = ctx.writer.get::<Service>(&key.namespace, &key.name).await?;
@@ -394,6 +393,25 @@ async fn ensure_service(
     Err(Error::Config(format!(
         "{key}: the follower Service kept changing under us"
     )))
+}
+
+enum Look {
+    Exists(Service),
+    Done(ServiceState),
+}
+
+/// A dry run sent no create: it reads what the create would have met instead (a Service of
+/// that name, which the API server refuses with 409 and which may not be ours; a missing
+/// namespace, refused with 404), so it reports what a real run would. The Service once a pass.
+async fn dry_run_look(ctx: &Ctx, key: &Key, desired: &Service, looked: bool) -> Result<Look> {
+    if !looked && let Some(live) = ctx.writer.get::<Service>(&key.namespace, &key.name).await? {
+        return Ok(Look::Exists(live));
+    }
+    if !ctx.writer.namespace_exists(&key.namespace).await? {
+        let remote = origin_of(desired, ctx);
+        return Ok(Look::Done(namespace_missing(ctx, key, &remote).await?));
+    }
+    Ok(Look::Done(ServiceState::Done(Outcome::Applied)))
 }
 
 async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<ServiceState> {
