@@ -334,7 +334,7 @@ async fn ensure_service(
                 }
                 Ok(Written::Skipped) => match dry_run_look(ctx, key, desired, looked).await? {
                     Look::Exists(live) => {
-                        (looked, actual) = (true, Some(live));
+                        (looked, actual) = (true, Some(*live));
                         continue;
                     }
                     Look::Done(state) => return Ok(state),
@@ -396,7 +396,7 @@ async fn ensure_service(
 }
 
 enum Look {
-    Exists(Service),
+    Exists(Box<Service>),
     Done(ServiceState),
 }
 
@@ -405,7 +405,7 @@ enum Look {
 /// namespace, refused with 404), so it reports what a real run would. The Service once a pass.
 async fn dry_run_look(ctx: &Ctx, key: &Key, desired: &Service, looked: bool) -> Result<Look> {
     if !looked && let Some(live) = ctx.writer.get::<Service>(&key.namespace, &key.name).await? {
-        return Ok(Look::Exists(live));
+        return Ok(Look::Exists(Box::new(live)));
     }
     if !ctx.writer.namespace_exists(&key.namespace).await? {
         let remote = origin_of(desired, ctx);
