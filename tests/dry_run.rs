@@ -208,6 +208,14 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
         })
         .await;
     }
+    // its health Lease is written on its first renewal tick as leader, which may come after
+    // the followers: wait for it, so the dry run has one to renew
+    let leases: Api<Lease> = Api::namespaced(local.clone(), &ns.name);
+    let health = format!("{CHART_LEASE}-remote-{REMOTE}");
+    eventually("the remote's health Lease", WAIT, || {
+        present(&leases, &health)
+    })
+    .await;
     assert_eq!(live.terminate().await, Some(0), "{}", live.logs());
 
     // meanwhile the remote changes: a follower to update, an orphan to delete
@@ -243,7 +251,6 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
         "a running dry run changed the local cluster: {running:#?}\n{}",
         dry.logs()
     );
-    let health = format!("{CHART_LEASE}-remote-");
     let more = [
         would("create", "Namespace", &missing.name),
         would("update", "Lease", &health),
