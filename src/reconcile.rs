@@ -369,6 +369,11 @@ impl Ctx {
             action: action.into(),
             secondary: None,
         };
+        if !self.writer.leads() {
+            // only the leader records Events; the rate limit is kept for when it sends one
+            debug!(reason, "not the leader: Event not recorded");
+            return;
+        }
         let reference = on.unwrap_or_else(|| self.fallback_ref.clone());
         let id = format!(
             "{}/{}/{}",

@@ -149,6 +149,11 @@ impl Writer {
         self.dry_run
     }
 
+    /// Whether this replica acts as the leader now (a dry run always does).
+    pub fn leads(&self) -> bool {
+        self.leader.is_leader()
+    }
+
     /// Ok(true): send it; Ok(false): dry run (logged); Err: this replica does not lead, or acts
     /// as the leader without holding the Lease (an assumed leadership never sends).
     fn gate(&self, t: &Target) -> Result<bool> {

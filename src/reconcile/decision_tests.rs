@@ -649,3 +649,28 @@ async fn a_dry_run_finds_a_service_that_is_not_ours_as_a_real_create_would() {
     .unwrap();
     assert_eq!(outcome, Outcome::Conflict);
 }
+
+#[tokio::test]
+async fn an_event_refused_to_a_standby_is_still_sent_once_it_leads() {
+    let (client, api) = fixtures::client("local");
+    let (tx, leadership) = fixtures::leadership(false);
+    let ctx = fixtures::ctx(client, leadership, vec![], Arc::new(LocalState::default()));
+    let on = ObjectReference {
+        kind: Some("Service".into()),
+        namespace: Some("shop".into()),
+        name: Some("web".into()),
+        ..Default::default()
+    };
+    let note = || "a note".to_string();
+    let ev = || ctx.event(EventType::Warning, "Skip", note(), "Skip", Some(on.clone()));
+    // a standby: nothing sent
+    run(&[&api], ev(), async {}).await;
+    tx.send_replace(Some(
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    ));
+    // leading now: the same Event (within the rate limit's interval) is sent
+    run(&[&api], ev(), async {
+        api.expect(post(EVENTS), event()).await;
+    })
+    .await;
+}
