@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service}
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -161,6 +161,16 @@ fn election(
     identity: &str,
     metrics: &Metrics,
 ) -> (Leadership, tokio::task::JoinHandle<()>) {
+    if args.dry_run {
+        // a dry run must never keep a live replica from leading: it takes no part at all
+        info!(lease = %args.lease_name, namespace = %args.namespace, "dry run: not taking part in the election (the Lease is left alone); acting as the leader, writing nothing");
+        let stop = sup.shutdown_token();
+        let idle = async move { stop.cancelled().await };
+        return (
+            Leadership::assumed(),
+            sup.spawn("lease (none: dry run)", idle),
+        );
+    }
     let lease_cfg = LeaseConfig {
         namespace: args.namespace.clone(),
         name: args.lease_name.clone(),
@@ -252,14 +262,11 @@ fn context(
             args.dry_run,
             Arc::clone(metrics),
         )
-        .with_deadline(args.api_timeout()),
-        recorder: Recorder::new(
-            local.clone(),
-            Reporter {
-                controller: CONTROLLER.into(),
-                instance: Some(identity.to_string()),
-            },
-        ),
+        .with_deadline(args.api_timeout())
+        .with_reporter(Reporter {
+            controller: CONTROLLER.into(),
+            instance: Some(identity.to_string()),
+        }),
         metrics: Arc::clone(metrics),
         create_namespaces: args.create_namespaces,
         fallback_ref,

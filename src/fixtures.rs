@@ -20,7 +20,7 @@ use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::watcher::Event;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -484,14 +484,10 @@ pub fn ctx(
         namespaces: Vec::new(),
         remotes: Arc::new(registry),
         local,
-        writer: Writer::new(client.clone(), leader, false, Arc::clone(&metrics)),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "cross-cluster-controller-test".into(),
-                instance: None,
-            },
-        ),
+        writer: Writer::new(client, leader, false, Arc::clone(&metrics)).with_reporter(Reporter {
+            controller: "cross-cluster-controller-test".into(),
+            instance: None,
+        }),
         metrics,
         create_namespaces: false,
         fallback_ref: ObjectReference::default(),

@@ -12,15 +12,17 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
 use crate::args::Args;
 use crate::desired::Options;
+use crate::error::{Error, Result};
 use crate::reconcile::read;
 use crate::worker::Runtime;
+use crate::writer::Written;
 
 /// How a remote looks now, as the daemon reads it.
 #[derive(Clone, Debug, PartialEq)]
@@ -222,10 +224,15 @@ impl Keeper {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if self.rt.leader.is_leader()
-                && let Err(e) = self.sync().await
-            {
-                warn!(error = %crate::error::chain(&e), "remote health Leases: not written this time");
+            if !self.rt.leader.is_leader() {
+                continue;
+            }
+            match self.sync().await {
+                // leadership lost meanwhile: the writer refused the rest
+                Ok(()) | Err(Error::NotLeader) => {}
+                Err(e) => {
+                    warn!(error = %crate::error::chain(&e), "remote health Leases: not written this time")
+                }
             }
         }
     }
@@ -265,7 +272,19 @@ impl Keeper {
             .collect()
     }
 
-    async fn sync(&self) -> kube::Result<()> {
+    /// Creates or renews one health Lease through the writer (which gates it on the Lease,
+    /// honours dry run and bounds it with the write deadline).
+    async fn write(&self, remote: &str, name: &str, exists: bool, lease: &Lease) -> Result<()> {
+        let writer = &self.rt.ctx.writer;
+        if exists {
+            writer.renew(lease).await?;
+        } else if let Written::Done(_) = writer.create(lease).await? {
+            info!(%remote, lease = %name, "remote health Lease created");
+        }
+        Ok(())
+    }
+
+    async fn sync(&self) -> Result<()> {
         let selector = format!("{}={}", self.keys.label, self.label);
         let live: BTreeMap<String, Lease> = self
             .api
@@ -293,17 +312,8 @@ impl Keeper {
             ) else {
                 continue;
             };
-            if !self.rt.leader.is_leader() {
-                return Ok(());
-            }
-            let pp = PostParams::default();
-            match live.get(&name) {
-                Some(_) => self.api.replace(&name, &pp, &lease).await.map(drop)?,
-                None => {
-                    info!(remote = %o.remote, lease = %name, "remote health Lease created");
-                    self.api.create(&pp, &lease).await.map(drop)?
-                }
-            }
+            self.write(&o.remote, &name, live.contains_key(&name), &lease)
+                .await?;
         }
         // a Lease whose remote is not read any more (removed, or not joined after every source
         // was listed) goes
@@ -311,23 +321,22 @@ impl Keeper {
             return Ok(());
         }
         for (name, l) in &live {
-            if wanted.contains(name) || !self.rt.leader.is_leader() {
+            let Some(uid) = l.metadata.uid.as_deref() else {
+                continue;
+            };
+            if wanted.contains(name) {
                 continue;
             }
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: l.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match self.api.delete(name, &dp).await {
-                Ok(_) => {
-                    info!(lease = %name, "remote health Lease of a remote no longer read deleted")
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                    debug!(lease = %name, "already gone or replaced")
-                }
+            let why = "its remote is not read any more";
+            match self
+                .rt
+                .ctx
+                .writer
+                .delete::<Lease>(&self.namespace, name, uid, why)
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.api_code() == Some(409) => debug!(lease = %name, "replaced meanwhile"),
                 Err(e) => return Err(e),
             }
         }
@@ -456,5 +465,114 @@ mod tests {
             "cross-cluster-controller"
         );
         assert_eq!(label_value(&"a".repeat(64)), "true");
+    }
+
+    /// A Keeper of the health Leases in namespace `shop` for one remote, over a mock API
+    /// server, as a live leader (`dry_run` false) or a dry run (assumed leadership).
+    fn keeper(
+        dry_run: bool,
+    ) -> (
+        Keeper,
+        crate::fixtures::ApiServer,
+        tokio::sync::watch::Sender<Option<std::time::Instant>>,
+    ) {
+        use crate::fixtures;
+        let (client, api) = fixtures::client("local");
+        let (tx, elected) = fixtures::leadership(true);
+        let leadership = if dry_run {
+            crate::lease::Leadership::assumed()
+        } else {
+            elected
+        };
+        let remote = Arc::new(crate::reconcile::RemoteState::new(
+            fixtures::REMOTE,
+            fixtures::opts(),
+            vec![],
+        ));
+        let mut ctx = fixtures::ctx(
+            client.clone(),
+            leadership.clone(),
+            vec![remote],
+            Arc::new(crate::reconcile::LocalState::default()),
+        );
+        ctx.writer = crate::writer::Writer::new(
+            client.clone(),
+            leadership.clone(),
+            dry_run,
+            Arc::clone(&ctx.metrics),
+        );
+        let queue = crate::queue::WorkQueue::new();
+        let rt = Arc::new(Runtime::new(Arc::new(ctx), queue, leadership));
+        let args = <Args as clap::Parser>::try_parse_from([
+            "ccc",
+            "--namespace",
+            "shop",
+            "--lease-name",
+            "ccc",
+        ])
+        .unwrap();
+        (Keeper::new(rt, client, &args, "pod-1"), api, tx)
+    }
+
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/shop/leases";
+
+    /// The health Leases listed: this remote's (renewed) and one of a remote no longer read.
+    fn listed() -> crate::fixtures::Reply {
+        let mine = lease(None, &obs(None), "2026-01-01T00:01:00Z").unwrap();
+        let mut mine = serde_json::to_value(&mine).unwrap();
+        mine["metadata"]["name"] = serde_json::json!(lease_name("ccc", crate::fixtures::REMOTE));
+        mine["metadata"]["uid"] = serde_json::json!("uid-mine");
+        mine["metadata"]["resourceVersion"] = serde_json::json!("7");
+        let mut old = mine.clone();
+        old["metadata"]["name"] = serde_json::json!("ccc-remote-gone");
+        old["metadata"]["uid"] = serde_json::json!("uid-gone");
+        crate::fixtures::ok(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+            "metadata": {"resourceVersion": "9"}, "items": [mine, old],
+        }))
+    }
+
+    #[tokio::test]
+    async fn health_leases_go_through_the_writer_renewed_and_deleted_with_proof() {
+        use crate::fixtures::{delete, get, ok, put, run};
+        let (k, api, _tx) = keeper(false);
+        let mine = format!("{LEASES}/{}", lease_name("ccc", crate::fixtures::REMOTE));
+        let done = run(&[&api], k.sync(), async {
+            api.expect(
+                get(LEASES).query("labelSelector", "fair.com/cross-cluster-remote-health=ccc"),
+                listed(),
+            )
+            .await;
+            let sent = api
+                .expect(
+                    put(&mine).query("fieldManager", crate::writer::FIELD_MANAGER),
+                    ok(serde_json::json!({"metadata": {"name": "x"}})),
+                )
+                .await;
+            assert_eq!(sent.body["metadata"]["resourceVersion"], "7");
+            assert_eq!(sent.body["spec"]["holderIdentity"], "pod-1");
+            let sent = api
+                .expect(
+                    delete(&format!("{LEASES}/ccc-remote-gone")),
+                    ok(serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                                          "status": "Success", "code": 200, "metadata": {}})),
+                )
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-gone");
+        })
+        .await;
+        assert!(done.is_ok(), "{done:?}");
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_lists_the_health_leases_and_writes_none() {
+        use crate::fixtures::{get, run};
+        let (k, api, _tx) = keeper(true);
+        let done = run(&[&api], k.sync(), async {
+            api.expect(get(LEASES), listed()).await;
+            // no PUT of its own Lease, no DELETE of the one whose remote is gone
+        })
+        .await;
+        assert!(done.is_ok(), "{done:?}");
     }
 }

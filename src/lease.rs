@@ -140,27 +140,65 @@ impl Elector {
 
 /// Whether this replica may write now, as the election task last published it. Cloned into
 /// every place that gates a write; reads fail closed.
+///
+/// A dry run takes no part in the election: its leadership is *assumed* ([`Leadership::assumed`]),
+/// so it computes everything as if it led, while no Lease says so and the writer sends nothing
+/// on its behalf ([`Leadership::holds_lease`] is false).
 #[derive(Clone, Debug)]
-pub struct Leadership(watch::Receiver<Option<Instant>>);
+pub struct Leadership(Claim);
+
+#[derive(Clone, Debug)]
+enum Claim {
+    /// published by the election task
+    Elected(watch::Receiver<Option<Instant>>),
+    /// a dry run: acts as the leader, holds no Lease
+    Assumed,
+}
 
 impl Leadership {
-    /// True only while the last renewal's deadline lies ahead and the election task still runs.
+    /// True while this replica acts as the leader: an elected one while the last renewal's
+    /// deadline lies ahead and the election task still runs; an assumed one (dry run) always.
     pub fn is_leader(&self) -> bool {
+        match &self.0 {
+            Claim::Elected(rx) => Self::lease_valid(rx),
+            Claim::Assumed => true,
+        }
+    }
+
+    /// True only while this replica holds the Lease: what a request that writes needs.
+    pub fn holds_lease(&self) -> bool {
+        match &self.0 {
+            Claim::Elected(rx) => Self::lease_valid(rx),
+            Claim::Assumed => false,
+        }
+    }
+
+    fn lease_valid(rx: &watch::Receiver<Option<Instant>>) -> bool {
         // has_changed errs once the sender is gone: the task ended, whatever the cause
-        if self.0.has_changed().is_err() {
+        if rx.has_changed().is_err() {
             return false;
         }
-        matches!(*self.0.borrow(), Some(until) if Instant::now() < until)
+        matches!(*rx.borrow(), Some(until) if Instant::now() < until)
     }
 
     /// Waits for the next publication (a renewal, a gain or a loss); Err once the task ended.
+    /// An assumed leadership never changes: this never returns.
     pub async fn changed(&mut self) -> std::result::Result<(), watch::error::RecvError> {
-        self.0.changed().await
+        match &mut self.0 {
+            Claim::Elected(rx) => rx.changed().await,
+            Claim::Assumed => std::future::pending().await,
+        }
     }
 
     /// Reads deadlines published by someone else (tests drive leadership this way).
     pub fn from_receiver(rx: watch::Receiver<Option<Instant>>) -> Self {
-        Self(rx)
+        Self(Claim::Elected(rx))
+    }
+
+    /// The leadership of a dry run: no election, no Lease; acts as the leader for ever, and the
+    /// writer sends nothing on its behalf.
+    pub fn assumed() -> Self {
+        Self(Claim::Assumed)
     }
 }
 
@@ -277,7 +315,7 @@ pub fn elect(
             }
         }
     };
-    (Leadership(rx), task)
+    (Leadership::from_receiver(rx), task)
 }
 
 pub fn default_identity() -> String {
@@ -317,6 +355,15 @@ mod leadership_tests {
         assert!(l.is_leader());
         drop(tx);
         assert!(!l.is_leader());
+    }
+
+    #[test]
+    fn an_assumed_leadership_acts_as_leader_but_holds_no_lease() {
+        let l = Leadership::assumed();
+        assert!(l.is_leader(), "a dry run computes as if it led");
+        assert!(!l.holds_lease(), "and may send nothing");
+        let (_tx, elected) = channel(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(elected.holds_lease());
     }
 }
 

@@ -179,8 +179,10 @@ impl Default for Metrics {
 }
 
 /// The kinds and verbs the writer counts.
-const KINDS: [&str; 3] = ["Service", "EndpointSlice", "Endpoints"];
+const KINDS: [&str; 4] = ["Service", "EndpointSlice", "Endpoints", "Lease"];
 const VERBS: [&str; 3] = ["create", "update", "delete"];
+/// Kinds the writer only ever creates (`--create-namespaces`, Events).
+const CREATED_ONLY: [&str; 2] = ["Namespace", "Event"];
 
 impl Metrics {
     /// A registry with the writer's series at 0; [`Metrics::init_remote`] adds a remote's.
@@ -196,6 +198,9 @@ impl Metrics {
             for verb in VERBS {
                 touch(&m.writes, labels([("kind", kind), ("verb", verb)]));
             }
+        }
+        for kind in CREATED_ONLY {
+            touch(&m.writes, labels([("kind", kind), ("verb", "create")]));
         }
         m
     }

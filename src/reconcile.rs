@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use tracing::{debug, warn};
 
 use crate::cache::{Cache, GroupKey, by_name, by_service_label};
@@ -206,8 +206,8 @@ pub struct Ctx {
     pub namespaces: Vec<String>,
     pub remotes: Arc<crate::registry::Registry>,
     pub local: Arc<LocalState>,
+    /// every local write, Events included
     pub writer: Writer,
-    pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub create_namespaces: bool,
     /// Where Events go when there is no local object to attach them to.
@@ -372,6 +372,11 @@ impl Ctx {
             action: action.into(),
             secondary: None,
         };
+        if !self.writer.leads() {
+            // only the leader records Events; the rate limit is kept for when it sends one
+            debug!(reason, "not the leader: Event not recorded");
+            return;
+        }
         let reference = on.unwrap_or_else(|| self.fallback_ref.clone());
         let id = format!(
             "{}/{}/{}",
@@ -388,7 +393,7 @@ impl Ctx {
             self.metrics.events_suppressed.inc();
             return;
         }
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) = self.writer.event(&ev, &reference).await {
             debug!(error = %e, "could not record an Event");
         }
     }

@@ -513,12 +513,12 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
 
     // --- steady state: sweeps come and go, nothing is rewritten or lost ---------------------
     let mid = snapshot(&l, &[&ns.name]).await;
-    let writes = d.metric("xcc_writes_total", &[]);
+    let writes = d.follower_writes(&[]);
     let done = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
     d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], done + 2.0)
         .await;
     assert_eq!(
-        d.metric("xcc_writes_total", &[]),
+        d.follower_writes(&[]),
         writes,
         "no write once converged (no edge input makes a follower flap)"
     );
@@ -888,11 +888,7 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
         !logs.contains("caches synced"),
         "nothing was ever listed from the remote"
     );
-    assert_eq!(
-        d.metric("xcc_writes_total", &[]),
-        0.0,
-        "nothing was written"
-    );
+    assert_eq!(d.follower_writes(&[]), 0.0, "nothing was written");
     assert_eq!(d.gauge("xcc_remote_up", &[]), Some(0.0));
     let local: Api<Service> = Api::namespaced(l.clone(), &ns.name);
     assert!(local.get_opt("web").await.unwrap().is_none(), "no follower");

@@ -293,7 +293,7 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
         .await
         .expect("an unconfirmed deletion deletes nothing");
     assert_eq!(
-        d2.metric("xcc_writes_total", &[]),
+        d2.follower_writes(&[]),
         0.0,
         "no write before the remote is listed"
     );
@@ -734,7 +734,7 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     eventually("convergence", WAIT, || case.converged()).await;
     let took = t0.elapsed();
     let creates = d2.metric("xcc_writes_total", &["kind=\"Service\"", "verb=\"create\""]);
-    let updates = d2.metric("xcc_writes_total", &["verb=\"update\""]);
+    let updates = d2.follower_writes(&["verb=\"update\""]);
     assert_eq!(
         updates, 0.0,
         "followers made before the crash are not rewritten"

@@ -496,7 +496,7 @@ async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
     })
     .await;
     assert_eq!(
-        d2.metric("xcc_writes_total", &[]),
+        d2.follower_writes(&[]),
         0.0,
         "no write when nothing changed:\n{}",
         d2.metrics()

@@ -511,3 +511,166 @@ async fn a_retired_remote_counts_as_proof() {
     .unwrap();
     assert_eq!(outcome, Outcome::Deleted);
 }
+
+/// The setup with the writer a `--dry-run` daemon has: no election, acting as the leader.
+fn dry_run(mut s: Setup, create_namespaces: bool) -> Setup {
+    let metrics = Arc::clone(&s.ctx.metrics);
+    let client = s.ctx.writer.client().clone();
+    s.ctx.writer =
+        crate::writer::Writer::new(client, crate::lease::Leadership::assumed(), true, metrics);
+    s.ctx.create_namespaces = create_namespaces;
+    s
+}
+
+#[tokio::test]
+async fn a_dry_run_only_looks_at_the_namespace_of_a_follower_it_would_create() {
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        true,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        // reads; no POST of the Service
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
+        s.api
+            .expect(
+                get("/api/v1/namespaces/shop"),
+                ok(json!({"metadata": {"name": "shop"}})),
+            )
+            .await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied, "it would have created it");
+}
+
+#[tokio::test]
+async fn a_dry_run_would_create_a_missing_namespace_and_sends_no_post() {
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        true,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
+        s.api
+            .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
+            .await;
+        // no POST of the Namespace, nor of the Service
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+}
+
+#[tokio::test]
+async fn a_dry_run_logs_the_events_it_would_record_instead_of_sending_them() {
+    // a missing namespace, not created: a skip, whose Event is only logged
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(get(WEB), status(404, "NotFound")).await;
+        s.api
+            .expect(get("/api/v1/namespaces/shop"), status(404, "NotFound"))
+            .await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+
+    // a local Service that is not ours: a conflict, whose Event is only logged
+    let mut theirs = follower_of_remote_b();
+    theirs["spec"]["ports"][0]["port"] = json!(81);
+    let s = dry_run(
+        setup(
+            vec![cluster_ip_service()],
+            vec![],
+            vec![fixtures::obj(theirs)],
+            vec![],
+        ),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
+}
+
+#[tokio::test]
+async fn a_dry_run_would_update_and_delete_but_sends_neither() {
+    let mut stale = live_follower("uid-web", "5");
+    stale["spec"]["ports"][0]["port"] = json!(81);
+    let s = dry_run(
+        setup(
+            vec![cluster_ip_service()],
+            vec![],
+            vec![fixtures::obj(stale)],
+            vec![],
+        ),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+
+    // the leader gone: the follower would be deleted
+    let s = dry_run(
+        setup(
+            vec![],
+            vec![],
+            vec![fixtures::obj(live_follower("uid-web", "5"))],
+            vec![],
+        ),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Deleted);
+}
+
+#[tokio::test]
+async fn a_dry_run_finds_a_service_that_is_not_ours_as_a_real_create_would() {
+    // not in the follower cache: a real create meets 409 and reads it; a dry run reads it
+    let s = dry_run(
+        setup(vec![cluster_ip_service()], vec![], vec![], vec![]),
+        false,
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let theirs = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "shop", "name": "web", "uid": "uid-theirs",
+                         "resourceVersion": "3", "labels": {"app": "theirs"}},
+            "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}});
+        s.api.expect(get(WEB), ok(theirs)).await;
+        // the NotOurFollower Event is logged, not sent
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
+}
+
+#[tokio::test]
+async fn an_event_refused_to_a_standby_is_still_sent_once_it_leads() {
+    let (client, api) = fixtures::client("local");
+    let (tx, leadership) = fixtures::leadership(false);
+    let ctx = fixtures::ctx(client, leadership, vec![], Arc::new(LocalState::default()));
+    let on = ObjectReference {
+        kind: Some("Service".into()),
+        namespace: Some("shop".into()),
+        name: Some("web".into()),
+        ..Default::default()
+    };
+    let note = || "a note".to_string();
+    let ev = || ctx.event(EventType::Warning, "Skip", note(), "Skip", Some(on.clone()));
+    // a standby: nothing sent
+    run(&[&api], ev(), async {}).await;
+    tx.send_replace(Some(
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    ));
+    // leading now: the same Event (within the rate limit's interval) is sent
+    run(&[&api], ev(), async {
+        api.expect(post(EVENTS), event()).await;
+    })
+    .await;
+}

@@ -10,11 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Endpoints, Namespace, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::{Ctx, Key, NAMESPACE_MISSING, Outcome, RemoteState, read};
@@ -322,7 +321,7 @@ async fn ensure_service(
     actual: Option<Service>,
     desired: &Service,
 ) -> Result<ServiceState> {
-    let mut actual = actual;
+    let (mut actual, mut looked) = (actual, false);
     // at most: create -> AlreadyExists -> read it -> update it
     for _ in 0..3 {
         let Some(live) = actual.take() else {
@@ -333,7 +332,13 @@ async fn ensure_service(
                         changed: true,
                     });
                 }
-                Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+                Ok(Written::Skipped) => match dry_run_look(ctx, key, desired, looked).await? {
+                    Look::Exists(live) => {
+                        (looked, actual) = (true, Some(*live));
+                        continue;
+                    }
+                    Look::Done(state) => return Ok(state),
+                },
                 Err(e) if e.api_code() == Some(409) => {
                     // exists but not in our cache: it may well not be ours, so look before touching
                     actual = ctx.writer.get::<Service>(&key.namespace, &key.name).await?;
@@ -390,20 +395,33 @@ async fn ensure_service(
     )))
 }
 
+enum Look {
+    Exists(Box<Service>),
+    Done(ServiceState),
+}
+
+/// A dry run sent no create: it reads what the create would have met instead (a Service of
+/// that name, which the API server refuses with 409 and which may not be ours; a missing
+/// namespace, refused with 404), so it reports what a real run would. The Service once a pass.
+async fn dry_run_look(ctx: &Ctx, key: &Key, desired: &Service, looked: bool) -> Result<Look> {
+    if !looked && let Some(live) = ctx.writer.get::<Service>(&key.namespace, &key.name).await? {
+        return Ok(Look::Exists(Box::new(live)));
+    }
+    if !ctx.writer.namespace_exists(&key.namespace).await? {
+        let remote = origin_of(desired, ctx);
+        return Ok(Look::Done(namespace_missing(ctx, key, &remote).await?));
+    }
+    Ok(Look::Done(ServiceState::Done(Outcome::Applied)))
+}
+
 async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<ServiceState> {
     if ctx.create_namespaces {
-        let api: Api<Namespace> = Api::all(ctx.writer.client().clone());
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(key.namespace.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &ns).await {
-            Ok(_) => info!(namespace = %key.namespace, "created missing namespace"),
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
+        match ctx.writer.create_namespace(&key.namespace).await {
+            Ok(Written::Done(_)) => {}
+            // dry run: it would create the namespace, then the follower in it
+            Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+            Err(e) if e.api_code() == Some(409) => {}
+            Err(e) => return Err(e),
         }
         // retried by the caller's back-off, now that the namespace exists
         return Err(Error::Config(format!(

@@ -168,6 +168,20 @@ impl Daemon {
         metric_value(&self.metrics(), name, filters).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Writes of followers (Services, EndpointSlices, Endpoints) whose line holds every filter:
+    /// what "no write" means for mirroring (`xcc_writes_total` also counts the health Leases,
+    /// renewed on a timer, Namespaces and Events).
+    pub fn follower_writes(&self, filters: &[&str]) -> f64 {
+        ["Service", "EndpointSlice", "Endpoints"]
+            .iter()
+            .map(|k| {
+                let kind = format!("kind=\"{k}\"");
+                let all: Vec<&str> = filters.iter().copied().chain([kind.as_str()]).collect();
+                self.metric("xcc_writes_total", &all)
+            })
+            .sum()
+    }
+
     /// Waits until a counter reaches `at_least` (the daemon counts a write just after the API
     /// server answers it, so a test that saw the write's effect must still wait for the count).
     pub async fn wait_metric(&self, name: &str, filters: &[&str], at_least: f64) -> f64 {
