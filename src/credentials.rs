@@ -159,9 +159,11 @@ pub fn parse_span(s: &str) -> Result<Duration, String> {
         "d" => n.checked_mul(86400),
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d)")),
     };
-    secs.filter(|s| *s > 0)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{s:?}: at least 1s"))
+    match secs {
+        None => Err(format!("{s:?} is too long")),
+        Some(0) => Err(format!("{s:?}: at least 1s")),
+        Some(n) => Ok(Duration::from_secs(n)),
+    }
 }
 
 /// Pure: when a token should be renewed (None: never, it has no `exp`). Never earlier than

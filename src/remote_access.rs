@@ -62,21 +62,11 @@ pub enum Output {
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 3600s, 90m, 24h or 365d"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d)")),
-    };
-    if secs < 600 {
+    let d = crate::credentials::parse_span(s)?;
+    if d < Duration::from_secs(600) {
         return Err(format!("{s:?}: TokenRequest needs at least 10 minutes"));
     }
-    Ok(Duration::from_secs(secs))
+    Ok(d)
 }
 
 /// The rules of the read-only identity: read Services and their endpoints, and get the namespace
@@ -425,6 +415,9 @@ mod tests {
         assert!(parse_duration("5m").unwrap_err().contains("10 minutes"));
         assert!(parse_duration("1y").is_err());
         assert!(parse_duration("h").is_err());
+        // beyond u64 seconds: an error, not an overflow
+        let long = parse_duration("213503982334602d").unwrap_err();
+        assert!(long.contains("too long"), "{long}");
     }
 
     fn secret(extra: &[&str], name: &str) -> serde_yaml::Value {
