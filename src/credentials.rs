@@ -369,7 +369,7 @@ impl Renewer {
             )));
         }
         let token = self.mint(m, &r).await?;
-        let text = String::from_utf8(c_bytes(&s)).unwrap_or_default();
+        let text = crate::remote_secrets::kubeconfig_text(&s).map_err(RenewError::Refused)?;
         let new_text = with_token(&text, &old, &token).ok_or_else(|| {
             RenewError::Refused("the token is not in its kubeconfig exactly once".into())
         })?;
@@ -463,22 +463,6 @@ impl Renewer {
             .event(kind, reason, note, "RenewCredential", Some(reference))
             .await;
     }
-}
-
-/// The kubeconfig bytes of a Secret (data, else stringData).
-fn c_bytes(s: &Secret) -> Vec<u8> {
-    let key = crate::remote_secrets::DATA_KEY;
-    s.data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            s.string_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|t| t.clone().into_bytes())
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

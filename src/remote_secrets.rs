@@ -67,19 +67,7 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 253 printable characters"
         ));
     }
-    let bytes = s
-        .data
-        .as_ref()
-        .and_then(|d| d.get(DATA_KEY))
-        .map(|ByteString(b)| b.clone())
-        .or_else(|| {
-            s.string_data
-                .as_ref()
-                .and_then(|d| d.get(DATA_KEY))
-                .map(|t| t.as_bytes().to_vec())
-        })
-        .ok_or_else(|| format!("no data key {DATA_KEY:?}"))?;
-    let text = String::from_utf8(bytes).map_err(|_| format!("{DATA_KEY:?} is not text"))?;
+    let text = kubeconfig_text(s)?;
     let kubeconfig = Kubeconfig::from_yaml(&text)
         .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
     let stale_after = match s.annotations().get(STALE_AFTER_KEY) {
@@ -94,6 +82,23 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
         hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
         stale_after,
     })
+}
+
+/// The kubeconfig text a Secret holds under [`DATA_KEY`] (data, else stringData).
+pub fn kubeconfig_text(s: &Secret) -> Result<String, String> {
+    let bytes = s
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DATA_KEY))
+        .map(|ByteString(b)| b.clone())
+        .or_else(|| {
+            s.string_data
+                .as_ref()
+                .and_then(|d| d.get(DATA_KEY))
+                .map(|t| t.as_bytes().to_vec())
+        })
+        .ok_or_else(|| format!("no data key {DATA_KEY:?}"))?;
+    String::from_utf8(bytes).map_err(|_| format!("{DATA_KEY:?} is not text"))
 }
 
 fn one_line(e: impl std::fmt::Display) -> String {

@@ -499,17 +499,22 @@ mod tests {
         .await
     }
 
-    #[tokio::test]
-    async fn dry_run_sends_nothing() {
-        let (w, api, _lease) = writer(true, true);
+    /// Every kind of write, each skipped: nothing reaches the mock API server.
+    async fn writes_nothing(w: &Writer, api: &ApiServer) {
         let svc = web(Some("7"));
-        let (create, replace, delete) = every_verb(&w, &api, &svc).await;
+        let (create, replace, delete) = every_verb(w, api, &svc).await;
         assert!(matches!(create, Ok(Written::Skipped)));
         assert!(matches!(replace, Ok(Written::Skipped)));
         assert!(delete.is_ok());
-        for (i, r) in every_other_write(&w, &api).await.into_iter().enumerate() {
+        for (i, r) in every_other_write(w, api).await.into_iter().enumerate() {
             assert!(matches!(r, Ok(false)), "write #{i}: {r:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn dry_run_sends_nothing() {
+        let (w, api, _lease) = writer(true, true);
+        writes_nothing(&w, &api).await;
         assert_eq!(
             w.metrics
                 .writes
@@ -525,14 +530,7 @@ mod tests {
         let (client, api) = fixtures::client("local");
         let metrics = Arc::new(Metrics::default());
         let w = Writer::new(client, Leadership::assumed(), true, metrics);
-        let svc = web(Some("7"));
-        let (create, replace, delete) = every_verb(&w, &api, &svc).await;
-        assert!(matches!(create, Ok(Written::Skipped)));
-        assert!(matches!(replace, Ok(Written::Skipped)));
-        assert!(delete.is_ok());
-        for (i, r) in every_other_write(&w, &api).await.into_iter().enumerate() {
-            assert!(matches!(r, Ok(false)), "write #{i}: {r:?}");
-        }
+        writes_nothing(&w, &api).await;
         // reads are sent: a dry run computes from what is there
         let exists = run(&[&api], w.namespace_exists("shop"), async {
             api.expect(
