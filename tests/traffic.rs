@@ -34,7 +34,7 @@ async fn clusters() {
         .get_or_init(|| async {
             node_cluster(EAST).await;
             node_cluster(WEST).await;
-            tokio::join!(workload_images(EAST), workload_images(WEST));
+            workload_images(&[EAST, WEST]).await;
             tokio::join!(wait_dns(EAST), wait_dns(WEST));
         })
         .await;

@@ -157,19 +157,27 @@ pub fn kubectl(cluster: &str) -> Command {
 
 /// The bed's workload images (testbed/workloads, C built here): `testbed.invalid/web:1` (an HTTP
 /// server answering with its pod's name and cluster) and `testbed.invalid/load:1` (a client:
-/// `get URL`, `run URL RATE`, `idle`), imported into every node of `cluster`.
+/// `get URL`, `run URL RATE`, `idle`), imported into every node of each of `clusters`. The
+/// binaries are compiled once, before any import reads them (compiling them again per cluster
+/// rewrote a file another cluster's import was reading: "is not an executable file").
 pub const WEB_IMAGE: &str = "testbed.invalid/web:1";
 pub const LOAD_IMAGE: &str = "testbed.invalid/load:1";
 
-pub async fn workload_images(cluster: &'static str) {
+pub async fn workload_images(clusters: &[&'static str]) {
     let dir = repo_root().join("target/workloads");
     std::fs::create_dir_all(&dir).expect("target/workloads");
     let web = static_c_binary("testbed/workloads/web.c", &dir);
     // dynamic: its resolver (getaddrinfo, glibc's built-in DNS) comes with libc, which the image
     // takes along (`testbed/bed image` copies what ldd names)
     let load = c_binary("testbed/workloads/load.c", &dir, false);
-    import_image(cluster, WEB_IMAGE, &web).await;
-    import_image(cluster, LOAD_IMAGE, &load).await;
+    let imports = clusters.iter().map(|&cluster| {
+        let (web, load) = (web.clone(), load.clone());
+        async move {
+            import_image(cluster, WEB_IMAGE, &web).await;
+            import_image(cluster, LOAD_IMAGE, &load).await;
+        }
+    });
+    futures::future::join_all(imports).await;
 }
 
 /// Compiles one C file of the repository into `out_dir` (static or not).
