@@ -6,6 +6,14 @@ pub enum Error {
     /// Bad flags, kubeconfig or contexts: the daemon stops at start with this one line.
     #[error("configuration: {0}")]
     Config(String),
+    /// A state of the cluster that a later pass resolves (an object that kept changing under
+    /// us, a namespace just created): retried with back-off; not the user's to fix.
+    #[error("retrying: {0}")]
+    Retry(String),
+    /// What the API server returned lacks what every object has (a uid, a resourceVersion):
+    /// the write is refused before it is sent.
+    #[error("unexpected object: {0}")]
+    Unexpected(String),
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("timed out: {0}")]
@@ -17,10 +25,10 @@ pub enum Error {
     #[error("scheduler: {0}")]
     Scheduler(String),
     #[error(transparent)]
-    Cache(#[from] crate::cache::CacheError),
+    Cache(#[from] crate::state::cache::CacheError),
     /// A remote Secret's kubeconfig holds more than inline data (see `secret_kubeconfig`).
-    #[error(transparent)]
-    Refused(#[from] crate::secret_kubeconfig::Refusal),
+    #[error("{0}")]
+    Refused(String),
     /// A long-lived task ended before shutdown (see the supervisor).
     #[error("{0}")]
     TaskEnded(String),
@@ -36,6 +44,8 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::Config(_) => "config",
+            Error::Retry(_) => "retry",
+            Error::Unexpected(_) => "unexpected",
             Error::Kube(e) => kube_category(e),
             Error::Timeout(_) => "timeout",
             Error::NotLeader => "not_leader",

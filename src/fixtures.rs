@@ -28,12 +28,13 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 use tower_test::mock::{self, Handle, SendResponse};
 
-use crate::cache::Cache;
 use crate::desired::{DEFAULT_LABEL_KEY, EndpointsMode, Options};
-use crate::lease::Leadership;
-use crate::metrics::Metrics;
-use crate::reconcile::{Ctx, EventLimiter, LocalState, RemoteState};
-use crate::writer::Writer;
+use crate::reconcile::writer::Writer;
+use crate::reconcile::{Ctx, EventLimiter};
+use crate::runtime::lease::Leadership;
+use crate::runtime::metrics::Metrics;
+use crate::state::cache::Cache;
+use crate::state::{LocalState, RemoteState};
 
 /// How long the verifier waits for a request it expects before failing the test: a bound on a
 /// decision that hangs or never sends, not a wait for a condition.
@@ -450,10 +451,10 @@ pub fn follower_meta(ns: &str, name: &str, uid: &str) -> Value {
 
 /// A cache that completed a listing holding exactly `objects`.
 pub fn loaded<K: kube::Resource + Serialize + DeserializeOwned>(
-    cache: &std::sync::RwLock<Cache<K>>,
+    cache: &parking_lot::RwLock<Cache<K>>,
     objects: impl IntoIterator<Item = K>,
 ) {
-    let mut c = crate::reconcile::write(cache);
+    let mut c = cache.write();
     c.apply(Event::Init);
     for o in objects {
         c.apply(Event::InitApply(o));
@@ -469,13 +470,13 @@ pub fn ctx(
     local: Arc<LocalState>,
 ) -> Ctx {
     let metrics = Arc::new(Metrics::default());
-    let registry = crate::registry::Registry::default();
+    let registry = crate::state::Remotes::default();
     for state in remotes {
-        registry.insert(crate::registry::Member {
+        registry.insert(crate::state::Member {
             state,
             client: client.clone(),
             cluster_id: None,
-            origin: crate::registry::Origin::Static,
+            origin: crate::state::Origin::Static,
             cancel: tokio_util::sync::CancellationToken::new(),
         });
     }
@@ -491,8 +492,8 @@ pub fn ctx(
         metrics,
         create_namespaces: false,
         fallback_ref: ObjectReference::default(),
-        events_sent: std::sync::Mutex::new(EventLimiter::new(Duration::from_secs(300))),
-        export_conflicts: std::sync::Mutex::default(),
+        events_sent: parking_lot::Mutex::new(EventLimiter::new(Duration::from_secs(300))),
+        export_conflicts: parking_lot::Mutex::default(),
     }
 }
 

@@ -1,6 +1,7 @@
 use clap::Parser;
-use cross_cluster_controller::args::{Cli, Command};
-use cross_cluster_controller::{Error, app, remote_access, status, telemetry};
+use cross_cluster_controller::cli::{Cli, Command, remote_access, status};
+use cross_cluster_controller::runtime::telemetry;
+use cross_cluster_controller::{Error, daemon};
 
 fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
@@ -19,14 +20,11 @@ fn runtime() -> tokio::runtime::Runtime {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-/// glibc's malloc raises its mmap threshold to the largest block freed so far (up to 32 MiB):
-/// once the first listing pages and response bodies (up to about a MiB each) are freed, later
-/// ones come from the heap and leave holes between the long-lived cache entries, which the
-/// process keeps. A fixed threshold of 128 KiB (setting it also stops the adjustment) keeps
-/// such short-lived buffers in their own mappings, returned when freed. Measured on the bench
-/// bed at 10,000 x 3 with a sweep every 10 s: peak RSS 65.7 -> 60.2 MiB, RSS after convergence
-/// 65.7 -> 56.8 MiB. (`MALLOC_ARENA_MAX=2` was measured too and changed nothing: 53.6 vs
-/// 55.7 MiB.)
+/// glibc's malloc raises its mmap threshold to the largest block freed so far: listing pages
+/// and response bodies freed early would make later ones come from the heap, leaving holes
+/// between long-lived cache entries. A fixed threshold of 128 KiB keeps such short-lived buffers
+/// in their own mappings, returned when freed (measured: docs/benchmarks.md, "Memory: what the
+/// design choices saved").
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn tune_malloc() {
     // SAFETY: mallopt only sets a malloc parameter; it is called first thing in main, before
@@ -58,13 +56,15 @@ fn main() {
         }
         return;
     }
-    let args = cli.run;
-    if let Err(e) = args.validate() {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+    let config = match cli.run.config() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
     let _telemetry = telemetry::init();
-    if let Err(e) = runtime().block_on(app::run(args)) {
+    if let Err(e) = runtime().block_on(daemon::run(config)) {
         // bad configuration is the user's to fix: one line on stderr; anything else is also
         // reported through tracing (and so Sentry)
         if !matches!(e, Error::Config(_)) {

@@ -16,7 +16,7 @@ use serde_json::json;
 use support::daemon::{BIN, Daemon, with_args};
 use support::tools::{CHART, helm, run, template, tool};
 use support::{
-    LOCAL, REMOTE, bed, client, eventually, namespace, obj, ports_are, present, repo_root,
+    LOCAL, REMOTE, bed, client, eventually, exported, namespace, obj, ports_are, present, repo_root,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -332,21 +332,18 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
         let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
         daemons.push((local, d));
     }
-    for (_, d) in &daemons {
-        d.wait_synced().await;
+    for (local, d) in &daemons {
+        // each reads the other cluster, under that cluster's name (--cluster-name)
+        let remote = if *local == LOCAL { REMOTE } else { LOCAL };
+        d.wait_synced(&[remote]).await;
     }
 
-    let leader = |name: &str| -> Service {
-        obj(
-            json!({"metadata": {"name": name, "labels": {"fair.com/cross-cluster": "true"}}, "spec": {"ports": [{"port": 80}]}}),
-        )
-    };
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&PostParams::default(), &leader("from-east"))
+    east.create(&PostParams::default(), &exported("from-east", 80))
         .await
         .unwrap();
-    west.create(&PostParams::default(), &leader("from-west"))
+    west.create(&PostParams::default(), &exported("from-west", 80))
         .await
         .unwrap();
     for (api, name) in [(&west, "from-east"), (&east, "from-west")] {
@@ -361,7 +358,7 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
     crbs.delete(&release, &DeleteParams::default())
         .await
         .unwrap();
-    east.create(&PostParams::default(), &leader("after-revoke"))
+    east.create(&PostParams::default(), &exported("after-revoke", 80))
         .await
         .unwrap();
     let west_daemon = &daemons.iter().find(|(l, _)| *l == LOCAL).unwrap().1;
@@ -617,15 +614,9 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         &["--remote-context", REMOTE, "--lease-duration-seconds", "6"],
     );
     let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
-    let leader = |name: &str| -> Service {
-        obj(
-            json!({"metadata": {"name": name, "labels": {"fair.com/cross-cluster": "true"}},
-                   "spec": {"ports": [{"name": "http", "port": 80}]}}),
-        )
-    };
     let pp = PostParams::default();
     west.create(
         &pp,
@@ -634,14 +625,14 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     .await
     .unwrap();
     // a follower that exists before the changes and whose leader stays: the one that could be lost
-    east.create(&pp, &leader("keep")).await.unwrap();
+    east.create(&pp, &exported("keep", 80)).await.unwrap();
     eventually("the follower kept throughout", WAIT, || {
         present(&west, "keep")
     })
     .await;
     let before = support::fault::snapshot(&client(LOCAL).await, &[&ns.name]).await;
-    east.create(&pp, &leader("web")).await.unwrap();
-    east.create(&pp, &leader("shadow")).await.unwrap();
+    east.create(&pp, &exported("web", 80)).await.unwrap();
+    east.create(&pp, &exported("shadow", 80)).await.unwrap();
     eventually("the follower", WAIT, || present(&west, "web")).await;
     east.patch(
         "web",
@@ -681,9 +672,18 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         !logs.to_lowercase().contains("forbidden"),
         "a request was refused:\n{logs}"
     );
-    assert!(d.metric("xcc_writes_total", &["verb=\"update\""]) >= 1.0);
-    d.wait_metric("xcc_writes_total", &["verb=\"delete\""], 1.0)
-        .await;
+    assert!(
+        d.metric(
+            "xcc_writes_total",
+            &[("kind", "Service"), ("verb", "update")]
+        ) >= 1.0
+    );
+    d.wait_metric(
+        "xcc_writes_total",
+        &[("kind", "Service"), ("verb", "delete")],
+        1.0,
+    )
+    .await;
     assert_eq!(
         west.get("shadow")
             .await

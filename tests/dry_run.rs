@@ -17,10 +17,12 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_args};
-use support::{LOCAL, REMOTE, client, eventually, namespace, namespace_in, obj, present};
+use support::{
+    LOCAL, REMOTE, client, eventually, exported, namespace, namespace_in, obj, present,
+    remote_slice,
+};
 use tokio::sync::Mutex;
 
-const KEY: &str = "fair.com/cross-cluster";
 /// The Lease name the chart gives a release called cross-cluster-controller.
 const CHART_LEASE: &str = "cross-cluster-controller";
 const WAIT: Duration = Duration::from_secs(60);
@@ -28,30 +30,16 @@ const WAIT: Duration = Duration::from_secs(60);
 /// One test of this file at a time (see the module comment).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
-fn leader(name: &str, port: i32) -> Service {
-    obj(
-        json!({"metadata": {"name": name, "labels": {KEY: "true", "app": name}},
-               "spec": {"ports": [{"name": "http", "port": port, "targetPort": 8080}]}}),
-    )
-}
-
-fn remote_slice(svc: &str, ip: &str) -> EndpointSlice {
-    obj(json!({
-        "metadata": {"name": format!("{svc}-a"), "labels": {"kubernetes.io/service-name": svc, KEY: "true",
-                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
-    }))
-}
-
 /// A leader with one endpoint, in `ns` of the remote cluster.
 async fn export(remote: &Client, ns: &str, name: &str, port: i32, ip: &str) {
     let pp = PostParams::default();
     let svc: Api<Service> = Api::namespaced(remote.clone(), ns);
-    svc.create(&pp, &leader(name, port)).await.unwrap();
+    svc.create(&pp, &exported(name, port)).await.unwrap();
     let slices: Api<EndpointSlice> = Api::namespaced(remote.clone(), ns);
-    slices.create(&pp, &remote_slice(name, ip)).await.unwrap();
+    slices
+        .create(&pp, &remote_slice(name, &format!("{name}-a"), &[ip]))
+        .await
+        .unwrap();
 }
 
 /// Every object of these kinds in the local cluster: kind/namespace/name -> (uid, resourceVersion).
@@ -201,7 +189,7 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
         CHART_LEASE,
     ];
     let mut live = Daemon::start(&with_args(args_for(&ns.name), &scope)).await;
-    live.wait_synced().await;
+    live.wait_synced(&[REMOTE]).await;
     for name in ["web", "gone"] {
         eventually(&format!("the follower {name}"), WAIT, || {
             present(&local_svc, name)
@@ -271,7 +259,7 @@ async fn a_dry_run_that_has_work_to_do_leaves_the_local_cluster_unchanged() {
         "{}",
         dry.logs()
     );
-    assert_eq!(dry.metric("xcc_writes_total", &[]), 0.0);
+    assert_eq!(dry.writes_total(), 0.0);
     assert_eq!(dry.terminate().await, Some(0), "{}", dry.logs());
 
     let after = snapshot(&local).await;
@@ -321,7 +309,7 @@ async fn a_live_daemon_leads_and_converges_beside_a_running_dry_run() {
         &[&chart[..], &["--identity", "live-1"]].concat(),
     );
     let live = Daemon::start(&live_args).await;
-    live.wait_synced().await;
+    live.wait_synced(&[REMOTE]).await;
     let leases: Api<Lease> = Api::namespaced(local.clone(), &ns.name);
     let holder = leases
         .get(CHART_LEASE)

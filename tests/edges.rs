@@ -17,23 +17,31 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for, with_args, with_flag};
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::{LOCAL, REMOTE, bed, client, eventually, namespace, namespace_in, obj, present};
+use support::metrics::VERBS;
+use support::{
+    KEY, LOCAL, REMOTE, bed, client, endpoint, eventually, exported_with, namespace, namespace_in,
+    obj, present, remote_slice_with,
+};
 
-const KEY: &str = "fair.com/cross-cluster";
 const MANAGED_BY: &str = "cross-cluster-controller.fair.com";
 const WAIT: Duration = Duration::from_secs(30);
+const SWEEP_DONE: [(&str, &str); 2] = [("remote", REMOTE), ("outcome", "done")];
+const SWEEP_ABORTED: [(&str, &str); 2] = [("remote", REMOTE), ("outcome", "aborted")];
 
-fn leader(name: &str, labels: Value, annotations: Value, spec: Value) -> Service {
-    let mut l = json!({KEY: "true", "app": "edge"});
-    if let (Some(l), Some(extra)) = (l.as_object_mut(), labels.as_object()) {
-        l.extend(extra.clone());
+/// A leader with labels and annotations of its own (edge inputs), on the one leader shape.
+fn edge_leader(name: &str, labels: Value, annotations: Value, spec: Value) -> Service {
+    let mut s = exported_with(name, spec);
+    let all = s.metadata.labels.get_or_insert_default();
+    for (k, v) in labels.as_object().expect("labels: an object") {
+        all.insert(k.clone(), v.as_str().expect("a label value").to_string());
     }
-    obj(json!({"metadata": {"name": name, "labels": l, "annotations": annotations}, "spec": spec}))
+    s.metadata.annotations = Some(obj(annotations));
+    s
 }
 
-/// A remote slice as the remote cluster's EndpointSlice controller would write it (it copies the
-/// Service's labels, so the leader label too).
-fn remote_slice(
+/// A remote slice whose endpoints also name a remote node and pod (nodeName, targetRef: what
+/// the follower must not copy), on the one remote slice shape.
+fn edge_slice(
     svc: &str,
     name: &str,
     address_type: &str,
@@ -44,17 +52,13 @@ fn remote_slice(
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            json!({"addresses": [a], "conditions": {"ready": true}, "nodeName": "remote-node",
-                   "targetRef": {"kind": "Pod", "name": format!("{svc}-{i}"), "namespace": "x"}})
+            let mut e = endpoint(a);
+            e["nodeName"] = json!("remote-node");
+            e["targetRef"] = json!({"kind": "Pod", "name": format!("{svc}-{i}"), "namespace": "x"});
+            e
         })
         .collect();
-    obj(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, KEY: "true",
-                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": address_type,
-        "ports": ports,
-        "endpoints": eps
-    }))
+    remote_slice_with(svc, name, address_type, ports, eps)
 }
 
 /// (name, port, protocol, targetPort, appProtocol) of a Service's ports, sorted.
@@ -268,7 +272,7 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         .map(|s| s.to_string()),
     );
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
 
     // --- the inputs -------------------------------------------------------------------------
     // 63 characters: the longest Service name; labels at their limits (253-character prefix,
@@ -284,14 +288,14 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     );
     assert_eq!(prefix.len(), 253);
     let long_label = format!("{prefix}/{}", "n".repeat(63));
-    let long = leader(
+    let long = edge_leader(
         &long_name,
         json!({&long_label: "v".repeat(63), "kubernetes.io/service-name": "spoofed",
                "endpointslice.kubernetes.io/managed-by": "someone-else"}),
         json!({}),
         json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
     );
-    let long_slice = remote_slice(
+    let long_slice = edge_slice(
         &long_name,
         &format!("{long_name}-abcde"),
         "IPv4",
@@ -315,13 +319,13 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
             json!({"name": format!("p{i}"), "port": 2000 + i, "protocol": proto})
         })
         .collect();
-    let many = leader(
+    let many = edge_leader(
         "many-ports",
         json!({}),
         json!({}),
         json!({"ports": svc_ports}),
     );
-    let many_slice = remote_slice(
+    let many_slice = edge_slice(
         "many-ports",
         "many-ports-abcde",
         "IPv4",
@@ -329,13 +333,13 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         &["10.32.0.1", "10.32.0.2", "10.32.0.3"],
     );
     // one unnamed port (allowed only when it is the only one)
-    let unnamed = leader(
+    let unnamed = edge_leader(
         "unnamed-port",
         json!({}),
         json!({}),
         json!({"ports": [{"port": 5353, "protocol": "UDP"}]}),
     );
-    let unnamed_slice = remote_slice(
+    let unnamed_slice = edge_slice(
         "unnamed-port",
         "unnamed-port-abcde",
         "IPv4",
@@ -345,8 +349,8 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     let http = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
     let http_slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
     // FQDN endpoints: mirrored as an FQDN slice (src/desired keeps the address type)
-    let fqdn = leader("fqdn", json!({}), json!({}), http.clone());
-    let fqdn_slice = remote_slice(
+    let fqdn = edge_leader("fqdn", json!({}), json!({}), http.clone());
+    let fqdn_slice = edge_slice(
         "fqdn",
         "fqdn-abcde",
         "FQDN",
@@ -356,8 +360,8 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     // IPv6 endpoints in an IPv4 cluster: the API server accepts an IPv6 slice whatever the
     // cluster's families, and src/desired keeps the address type, so the follower gets an IPv6
     // slice (kube-proxy of an IPv4-only cluster ignores it, as it would the remote one)
-    let v6 = leader("ipv6", json!({}), json!({}), http.clone());
-    let v6_slice = remote_slice(
+    let v6 = edge_leader("ipv6", json!({}), json!({}), http.clone());
+    let v6_slice = edge_slice(
         "ipv6",
         "ipv6-abcde",
         "IPv6",
@@ -369,13 +373,13 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     // origin ones are set), so this leader is mirrored like any other
     let blob_key = "edge.test/blob";
     let blob = "b".repeat(255 * 1024 - blob_key.len());
-    let big = leader(
+    let big = edge_leader(
         "big-annotations",
         json!({}),
         json!({blob_key: blob}),
         http.clone(),
     );
-    let big_slice = remote_slice(
+    let big_slice = edge_slice(
         "big-annotations",
         "big-annotations-abcde",
         "IPv4",
@@ -383,7 +387,7 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         &["10.34.0.1"],
     );
     // the input that cannot be mirrored: its namespace is missing locally
-    let missing = leader("missing-namespace", json!({}), json!({}), http.clone());
+    let missing = edge_leader("missing-namespace", json!({}), json!({}), http.clone());
 
     let t0 = Instant::now();
     let pp = PostParams::default();
@@ -425,7 +429,10 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
             }) {
                 return Err("no skip log line yet".into());
             }
-            let n = d.metric("xcc_skipped_total", &["reason=\"NamespaceMissing\""]);
+            let n = d.metric(
+                "xcc_skipped_total",
+                &[("remote", REMOTE), ("reason", "NamespaceMissing")],
+            );
             if n < 1.0 {
                 return Err(format!("xcc_skipped_total NamespaceMissing = {n}"));
             }
@@ -494,10 +501,19 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         assert_eq!(types, vec![ty.to_string()], "{name}");
     }
     for reason in ["LabelsInvalid", "AnnotationsInvalid", "AnnotationsTooLarge"] {
-        let filter = format!("reason=\"{reason}\"");
-        assert_eq!(d.metric("xcc_skipped_total", &[&filter]), 0.0, "{reason}");
+        assert_eq!(
+            d.metric(
+                "xcc_skipped_total",
+                &[("remote", REMOTE), ("reason", reason)]
+            ),
+            0.0,
+            "{reason}"
+        );
     }
-    let skipped: f64 = d.metric("xcc_skipped_total", &[]);
+    let skipped = d.metric(
+        "xcc_skipped_total",
+        &[("remote", REMOTE), ("reason", "NamespaceMissing")],
+    );
     let skip_note = event_about(
         &local_events,
         "NamespaceMissing",
@@ -513,12 +529,12 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
 
     // --- steady state: sweeps come and go, nothing is rewritten or lost ---------------------
     let mid = snapshot(&l, &[&ns.name]).await;
-    let writes = d.follower_writes(&[]);
-    let done = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], done + 2.0)
+    let writes = d.follower_writes(&VERBS);
+    let done = d.metric("xcc_sweeps_total", &SWEEP_DONE);
+    d.wait_metric("xcc_sweeps_total", &SWEEP_DONE, done + 2.0)
         .await;
     assert_eq!(
-        d.follower_writes(&[]),
+        d.follower_writes(&VERBS),
         writes,
         "no write once converged (no edge input makes a follower flap)"
     );
@@ -660,7 +676,7 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
         &["--sweep-schedule", "*/2 * * * * *"],
     );
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
 
     let http = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
     let ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
@@ -669,14 +685,14 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     let leader_a = remote_svc
         .create(
             &pp,
-            &leader(&mirrored_name, json!({}), json!({}), http.clone()),
+            &edge_leader(&mirrored_name, json!({}), json!({}), http.clone()),
         )
         .await
         .unwrap();
     let slice_a = remote_sl
         .create(
             &pp,
-            &remote_slice(
+            &edge_slice(
                 &mirrored_name,
                 &format!("{mirrored_name}-abcde"),
                 "IPv4",
@@ -687,13 +703,16 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
         .await
         .unwrap();
     remote_svc
-        .create(&pp, &leader(&shadowed, json!({}), json!({}), http.clone()))
+        .create(
+            &pp,
+            &edge_leader(&shadowed, json!({}), json!({}), http.clone()),
+        )
         .await
         .unwrap();
     remote_sl
         .create(
             &pp,
-            &remote_slice(
+            &edge_slice(
                 &shadowed,
                 &format!("{shadowed}-abcde"),
                 "IPv4",
@@ -710,7 +729,10 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
         WAIT,
         || async {
             mirrored(&local_svc, &local_sl, &leader_a, &[&slice_a]).await?;
-            let n = d.metric("xcc_conflicts_total", &["kind=\"Service\""]);
+            let n = d.metric(
+                "xcc_conflicts_total",
+                &[("remote", REMOTE), ("kind", "Service")],
+            );
             if n < 1.0 {
                 return Err(format!("xcc_conflicts_total = {n}"));
             }
@@ -729,8 +751,8 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     let took = t0.elapsed();
 
     let mid = snapshot(&l, &["kube-system"]).await;
-    let done = d.metric("xcc_sweeps_total", &["outcome=\"done\""]);
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"done\""], done + 2.0)
+    let done = d.metric("xcc_sweeps_total", &SWEEP_DONE);
+    d.wait_metric("xcc_sweeps_total", &SWEEP_DONE, done + 2.0)
         .await;
     let after = snapshot(&l, &["kube-system"]).await;
 
@@ -747,7 +769,10 @@ async fn a_leader_in_kube_system_is_mirrored_and_a_local_kube_system_service_of_
     );
     let lost = Lost::since(&mid, &after, &BTreeSet::from([mirrored_name.clone()]));
     let touched = before.non_followers_touched(&after);
-    let conflicts = d.metric("xcc_conflicts_total", &[]);
+    let conflicts = d.metric(
+        "xcc_conflicts_total",
+        &[("remote", REMOTE), ("kind", "Service")],
+    );
     conclude(
         Report {
             id: "62-edge-kube-system",
@@ -806,7 +831,7 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
     Api::<Service>::namespaced(client(REMOTE).await, &ns.name)
         .create(
             &PostParams::default(),
-            &leader(
+            &edge_leader(
                 "web",
                 json!({}),
                 json!({}),
@@ -866,8 +891,8 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
         }
     })
     .await;
-    let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
-    d.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], aborted + 2.0)
+    let aborted = d.metric("xcc_sweeps_total", &SWEEP_ABORTED);
+    d.wait_metric("xcc_sweeps_total", &SWEEP_ABORTED, aborted + 2.0)
         .await;
 
     let logs = d.logs();
@@ -888,8 +913,8 @@ async fn tls_is_verified_a_remote_presenting_a_certificate_of_another_ca_is_refu
         !logs.contains("caches synced"),
         "nothing was ever listed from the remote"
     );
-    assert_eq!(d.follower_writes(&[]), 0.0, "nothing was written");
-    assert_eq!(d.gauge("xcc_remote_up", &[]), Some(0.0));
+    assert_eq!(d.follower_writes(&VERBS), 0.0, "nothing was written");
+    assert_eq!(d.gauge("xcc_remote_up", &[("remote", REMOTE)]), Some(0.0));
     let local: Api<Service> = Api::namespaced(l.clone(), &ns.name);
     assert!(local.get_opt("web").await.unwrap().is_none(), "no follower");
     let after = snapshot(&l, &[&ns.name]).await;
@@ -959,19 +984,19 @@ async fn at_trace_level_the_log_holds_no_part_of_the_client_certificate_or_key()
 
     // the bed's admin kubeconfig: client certificate and key for both clusters
     let d = Daemon::start_with_env(&args_for(&ns.name), &[("RUST_LOG", "trace")]).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let http = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
     let ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
     let pp = PostParams::default();
     let t0 = Instant::now();
     let web = remote_svc
-        .create(&pp, &leader("web", json!({}), json!({}), http))
+        .create(&pp, &edge_leader("web", json!({}), json!({}), http))
         .await
         .unwrap();
     let slice = remote_sl
         .create(
             &pp,
-            &remote_slice("web", "web-abcde", "IPv4", ports.clone(), &["10.51.0.1"]),
+            &edge_slice("web", "web-abcde", "IPv4", ports.clone(), &["10.51.0.1"]),
         )
         .await
         .unwrap();
@@ -982,7 +1007,7 @@ async fn at_trace_level_the_log_holds_no_part_of_the_client_certificate_or_key()
     let mid = snapshot(&l, &[&ns.name]).await;
     // a change, mirrored
     let mut changed = remote_sl.get("web-abcde").await.unwrap();
-    changed.endpoints = remote_slice(
+    changed.endpoints = edge_slice(
         "web",
         "web-abcde",
         "IPv4",

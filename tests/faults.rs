@@ -19,32 +19,20 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_args, with_flag};
 use support::fault::{Report, Snapshot, conclude_since, routed_kubeconfig, snapshot, upstream};
+use support::metrics::{VERBS, WRITE_KINDS, series_value, sum_of};
 use support::proxy::{Fault, Proxy};
-use support::{LOCAL, REMOTE, TestNs, bed, client, eventually, obj, present};
+use support::{
+    KEY, LOCAL, REMOTE, TestNs, bed, client, eventually, exported, obj, present, remote_slice,
+};
 
-const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn leader(name: &str, port: i32) -> Service {
-    obj(json!({"metadata": {"name": name, "labels": {KEY: "true"}},
-               "spec": {"ports": [{"name": "http", "port": port}]}}))
-}
-
-fn slice(svc: &str, ips: &[String]) -> EndpointSlice {
-    let eps: Vec<_> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
-        .collect();
-    obj(json!({"metadata": {"name": format!("{svc}-x1"),
-                            "labels": {"kubernetes.io/service-name": svc, KEY: "true"}},
-               "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-               "endpoints": eps}))
-}
 
 /// One case's world: a namespace on both sides, the remote leaders, local decoys that are not
 /// ours (a plain Service, a ConfigMap, and a Service named like a remote leader).
 struct Case {
     ns: TestNs,
+    /// The remote's context, and so its name as the daemon records it.
+    remote_name: String,
     remote: Api<Service>,
     local: Api<Service>,
     local_client: Client,
@@ -58,6 +46,7 @@ impl Case {
         let ns = support::namespace_in(test, &[remote_ctx, local_ctx]).await;
         let (r, l) = (client(remote_ctx).await, client(local_ctx).await);
         let case = Case {
+            remote_name: remote_ctx.to_string(),
             remote: Api::namespaced(r, &ns.name),
             local: Api::namespaced(l.clone(), &ns.name),
             local_client: l,
@@ -94,14 +83,14 @@ impl Case {
 
     /// Waits for the daemon's first sync and convergence; the snapshot every case compares with.
     async fn settled(&self, d: &Daemon) -> Snapshot {
-        d.wait_synced().await;
+        d.wait_synced(&[&self.remote_name]).await;
         eventually("first convergence", WAIT, || self.converged()).await;
         self.snapshot().await
     }
 
     async fn add_leader(&self, name: &str) {
         self.remote
-            .create(&PostParams::default(), &leader(name, 80))
+            .create(&PostParams::default(), &exported(name, 80))
             .await
             .expect("create leader");
     }
@@ -176,6 +165,11 @@ impl Case {
         }
     }
 
+    /// The series `xcc_sweeps_total` of this case's remote with `outcome`.
+    fn sweeps<'a>(&'a self, outcome: &'a str) -> [(&'a str, &'a str); 2] {
+        [("remote", &self.remote_name), ("outcome", outcome)]
+    }
+
     /// Records the case's row and asserts nothing else changed since `before`.
     async fn finish(&self, before: &Snapshot, report: Report<'_>) {
         let after = self.snapshot().await;
@@ -206,16 +200,15 @@ async fn wait_not_ready(d: &Daemon, what: &str) -> String {
 /// While the remote is out: `n` more sweeps abort, the `kept` followers stay, and no delete is
 /// sent.
 async fn deletes_nothing(d: &Daemon, case: &Case, n: f64, kept: &[&str]) {
-    let filter = ["outcome=\"aborted\""];
-    let aborted = d.metric("xcc_sweeps_total", &filter);
-    d.wait_metric("xcc_sweeps_total", &filter, aborted + n)
+    let aborted = d.metric("xcc_sweeps_total", &case.sweeps("aborted"));
+    d.wait_metric("xcc_sweeps_total", &case.sweeps("aborted"), aborted + n)
         .await;
     for name in kept {
         present(&case.local, name)
             .await
             .expect("nothing deleted while the remote is unreachable");
     }
-    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    assert_eq!(d.writes(&WRITE_KINDS, &["delete"]), 0.0);
 }
 
 /// Time until convergence and a ready /readyz again.
@@ -261,7 +254,7 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
 
     // steady state: the remote stops answering (connection refused) for several sweep intervals
     proxy.set(Fault::Refuse);
-    let aborted = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
+    let aborted = d.metric("xcc_sweeps_total", &case.sweeps("aborted"));
     case.delete_leader("b").await;
     case.add_leader("e").await;
     case.set_port("c", 81).await;
@@ -275,7 +268,7 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
         scenario: "Remote API server unreachable (connection refused) in steady state, longer than a sweep interval",
         done: "proxy refused and cut every connection for 3+ sweep intervals (sweep every 1 s); meanwhile a leader was deleted, one created, one changed",
         converge: Some(took),
-        note: format!("{} sweeps aborted, 0 deletes during the outage; /readyz 503 then 200", d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]) - aborted),
+        note: format!("{} sweeps aborted, 0 deletes during the outage; /readyz 503 then 200", d.metric("xcc_sweeps_total", &case.sweeps("aborted")) - aborted),
     })
     .await;
 
@@ -286,14 +279,14 @@ async fn remote_refused_in_steady_state_for_several_sweeps_and_at_start_deletes_
     case.add_leader("f").await;
     let before = case.snapshot().await;
     let d2 = through_remote_proxy(&case, &proxy, &FAST).await;
-    d2.wait_metric("xcc_sweeps_total", &["outcome=\"aborted\""], 2.0)
+    d2.wait_metric("xcc_sweeps_total", &case.sweeps("aborted"), 2.0)
         .await;
     wait_not_ready(&d2, "/readyz 503 before the first listing").await;
     present(&case.local, "d")
         .await
         .expect("an unconfirmed deletion deletes nothing");
     assert_eq!(
-        d2.follower_writes(&[]),
+        d2.follower_writes(&VERBS),
         0.0,
         "no write before the remote is listed"
     );
@@ -314,7 +307,7 @@ async fn a_hanging_remote_is_detected_shown_on_readyz_and_deletes_nothing() {
     let case = Case::new("fault-hang", REMOTE, LOCAL, &["a", "b", "c"]).await;
     let proxy = Proxy::start(&upstream(REMOTE).await).await;
     let d = through_remote_proxy(&case, &proxy, &FAST).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     eventually("first convergence", WAIT, || case.converged()).await;
     wait_ready(&d).await;
     let before = case.snapshot().await;
@@ -386,7 +379,7 @@ async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_w
     );
     let d = Daemon::start(&args).await;
     let before = case.settled(&d).await;
-    let service_writes = || d.metric("xcc_writes_total", &["kind=\"Service\""]);
+    let service_writes = || d.writes(&["Service"], &VERBS);
     let writes0 = service_writes();
 
     // labelled changes the watch sees; then unlabelled churn moves etcd on and etcd is compacted,
@@ -421,8 +414,14 @@ async fn watch_expiry_410_after_compaction_relists_without_duplicate_or_missed_w
     // exactly the writes the changes need: Service c created, a updated, b deleted (the relist
     // itself wrote nothing, nothing was written twice and nothing was missed)
     // (the counter moves just after the API answers, so wait for it)
-    d.wait_metric("xcc_writes_total", &["kind=\"Service\""], writes0 + 3.0)
-        .await;
+    // (the counter moves just after the API answers: wait for the three)
+    eventually("three Service writes counted", WAIT, || async {
+        match service_writes() - writes0 {
+            w if w >= 3.0 => Ok(()),
+            w => Err(format!("{w}")),
+        }
+    })
+    .await;
     let writes = service_writes() - writes0;
     assert_eq!(writes, 3.0, "one write per leader change:\n{}", d.logs());
     case.finish(&before, Report {
@@ -482,18 +481,36 @@ async fn local_api_down_then_back_queued_changes_land_and_the_leader_steps_down(
     .await;
 }
 
-/// Writes the API server refused with 429, from its own apiserver_request_total.
+/// Writes of Services and EndpointSlices the API server refused with 429, from its own
+/// apiserver_request_total (read label by label, not by substring). Its 429 series appear only
+/// at the first refusal, so none yet reads 0 here; the case asserts more than 0.
 async fn refused_429(c: &Client) -> f64 {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("request");
     let text = c.request_text(req).await.expect("API server metrics");
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
-        .filter(|l| {
-            l.contains("resource=\"services\"") || l.contains("resource=\"endpointslices\"")
+    assert!(
+        text.contains("# TYPE apiserver_request_total counter"),
+        "not an API server's metrics page:\n{text}"
+    );
+    let label = |s: &support::metrics::Sample, k: &str| {
+        s.labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    support::metrics::samples(&text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .filter(|s| s.name == "apiserver_request_total")
+        .filter(|s| label(s, "code").as_deref() == Some("429"))
+        .filter(|s| {
+            matches!(
+                label(s, "resource").as_deref(),
+                Some("services" | "endpointslices")
+            )
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|s| s.value)
         .sum()
 }
 
@@ -673,11 +690,12 @@ fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
-async fn count_followers(api: &Api<Service>) -> usize {
+/// How many followers the namespace holds; a failed list is an error, never 0.
+async fn count_followers(api: &Api<Service>) -> Result<usize, String> {
     api.list_metadata(&ListParams::default().labels(&format!("{KEY}=follower")))
         .await
         .map(|l| l.items.len())
-        .unwrap_or(0)
+        .map_err(|e| format!("list followers: {e}"))
 }
 
 async fn create_many<K>(api: &Api<K>, objs: Vec<K>)
@@ -702,14 +720,14 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     let case = Case::new("fault-sigkill-sync", REMOTE, LOCAL, &[]).await;
     create_many(
         &case.remote,
-        (0..N).map(|i| leader(&format!("s{i}"), 80)).collect(),
+        (0..N).map(|i| exported(&format!("s{i}"), 80)).collect(),
     )
     .await;
     let before = case.snapshot().await;
     let args = with_args(args_for(&case.ns.name), &["--workers", "32"]);
     let mut d = Daemon::start(&args).await;
     eventually("the initial sync to be under way", WAIT, || async {
-        let n = count_followers(&case.local).await;
+        let n = count_followers(&case.local).await?;
         if n >= 100 {
             Ok(())
         } else {
@@ -718,7 +736,9 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     })
     .await;
     d.kill();
-    let at_kill = count_followers(&case.local).await;
+    let at_kill = count_followers(&case.local)
+        .await
+        .expect("the followers at the kill");
     assert!(
         at_kill < N,
         "the sync had already finished ({at_kill}): not mid-sync"
@@ -727,14 +747,17 @@ async fn sigkill_mid_initial_sync_then_restart_converges_without_rewrites() {
     let t0 = Instant::now();
     let d2 = Daemon::start(&args).await;
     eventually("all followers", WAIT, || async {
-        let n = count_followers(&case.local).await;
+        let n = count_followers(&case.local).await?;
         if n == N { Ok(()) } else { Err(format!("{n}")) }
     })
     .await;
     eventually("convergence", WAIT, || case.converged()).await;
     let took = t0.elapsed();
-    let creates = d2.metric("xcc_writes_total", &["kind=\"Service\"", "verb=\"create\""]);
-    let updates = d2.follower_writes(&["verb=\"update\""]);
+    let creates = d2.metric(
+        "xcc_writes_total",
+        &[("kind", "Service"), ("verb", "create")],
+    );
+    let updates = d2.follower_writes(&["update"]);
     assert_eq!(
         updates, 0.0,
         "followers made before the crash are not rewritten"
@@ -764,7 +787,7 @@ async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
     const N: usize = 1000;
     let case = Case::new("fault-burst", REMOTE, LOCAL, &[]).await;
     let d = Daemon::start(&with_args(args_for(&case.ns.name), &["--workers", "32"])).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let before = case.snapshot().await;
     let slices: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &case.ns.name);
     let ips = |i: usize, round: usize| -> Vec<String> {
@@ -775,13 +798,13 @@ async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
     let t_burst = Instant::now();
     create_many(
         &case.remote,
-        (0..N).map(|i| leader(&format!("s{i}"), 80)).collect(),
+        (0..N).map(|i| exported(&format!("s{i}"), 80)).collect(),
     )
     .await;
     create_many(
         &slices,
         (0..N)
-            .map(|i| slice(&format!("s{i}"), &ips(i, 0)))
+            .map(|i| remote_slice(&format!("s{i}"), &format!("s{i}-x1"), &ips(i, 0)))
             .collect(),
     )
     .await;
@@ -877,7 +900,9 @@ async fn a_burst_of_5000_remote_changes_loses_none_with_bounded_memory() {
 async fn a_revoked_remote_token_is_a_clear_error_and_a_replaced_one_recovers() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let case = Case::new("fault-token", REMOTE, LOCAL, &["a", "b"]).await;
+    let mut case = Case::new("fault-token", REMOTE, LOCAL, &["a", "b"]).await;
+    // the daemon reads east through the context east-reader, and names the remote after it
+    case.remote_name = "east-reader".to_string();
     let east = client(REMOTE).await;
     let pp = PostParams::default();
     let role = format!("{}-reader", case.ns.name);
@@ -1021,22 +1046,33 @@ async fn a_slow_remote_link_delays_but_loses_and_deletes_nothing() {
     .await;
 }
 
-/// Sum of the remote API server's own request counter for one verb and resource, in namespace
-/// scope (the daemon watches one namespace; the API server's own repair loops and
-/// kube-controller-manager list cluster-wide).
-async fn served(c: &Client, verb: &str, resource: &str) -> f64 {
+/// The remote API server's own count of successful namespace-scoped LISTs of Services or
+/// EndpointSlices (the daemon watches one namespace; the API server's own repair loops and
+/// kube-controller-manager list cluster-wide): one exact series.
+async fn served_lists(c: &Client, resource: &str) -> f64 {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("request");
     let text = c.request_text(req).await.expect("API server metrics");
-    let (verb, resource) = (
-        format!("verb=\"{verb}\""),
-        format!("resource=\"{resource}\""),
-    );
-    support::daemon::metric_value(
+    let group = match resource {
+        "services" => "",
+        "endpointslices" => "discovery.k8s.io",
+        other => panic!("no group known for {other}"),
+    };
+    series_value(
         &text,
         "apiserver_request_total",
-        &[&verb, &resource, "code=\"200\"", "scope=\"namespace\""],
+        &[
+            ("code", "200"),
+            ("component", "apiserver"),
+            ("dry_run", ""),
+            ("group", group),
+            ("resource", resource),
+            ("scope", "namespace"),
+            ("subresource", ""),
+            ("verb", "LIST"),
+            ("version", "v1"),
+        ],
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -1050,7 +1086,7 @@ async fn a_network_blip_resumes_the_watches_without_relisting() {
     let case = Case::new("fault-blip", BLIP, LOCAL, &[]).await;
     create_many(
         &case.remote,
-        (0..N).map(|i| leader(&format!("s{i}"), 80)).collect(),
+        (0..N).map(|i| exported(&format!("s{i}"), 80)).collect(),
     )
     .await;
     let proxy = Proxy::start(&upstream(BLIP).await).await;
@@ -1069,11 +1105,18 @@ async fn a_network_blip_resumes_the_watches_without_relisting() {
     let d = Daemon::start(&args).await;
     let before = case.settled(&d).await;
     let remote = client(BLIP).await;
-    let requests = |r: &'static str| d.metric("xcc_watch_requests_total", &["cluster=\"blip\"", r]);
-    let (lists0, watches0) = (requests("request=\"list\""), requests("request=\"watch\""));
+    // the remote's two watched kinds (both slice watches count as EndpointSlice)
+    let requests = |r: &'static str| {
+        let sets: Vec<Vec<(&str, &str)>> = ["Service", "EndpointSlice"]
+            .iter()
+            .map(|k| vec![("cluster", BLIP), ("kind", *k), ("request", r)])
+            .collect();
+        sum_of(&d.metrics(), "xcc_watch_requests_total", &sets).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (lists0, watches0) = (requests("list"), requests("watch"));
     let served0 = (
-        served(&remote, "LIST", "services").await,
-        served(&remote, "LIST", "endpointslices").await,
+        served_lists(&remote, "services").await,
+        served_lists(&remote, "endpointslices").await,
     );
 
     // the blip: the remote refuses (every open connection cut, new ones refused) until the
@@ -1088,12 +1131,12 @@ async fn a_network_blip_resumes_the_watches_without_relisting() {
     case.set_port("s7", 81).await;
     // taken before the convergence check, which lists the remote leaders itself
     let served = (
-        served(&remote, "LIST", "services").await - served0.0,
-        served(&remote, "LIST", "endpointslices").await - served0.1,
+        served_lists(&remote, "services").await - served0.0,
+        served_lists(&remote, "endpointslices").await - served0.1,
     );
     let took = converge(&case).await;
-    let lists = requests("request=\"list\"") - lists0;
-    let watches = requests("request=\"watch\"") - watches0;
+    let lists = requests("list") - lists0;
+    let watches = requests("watch") - watches0;
     assert_eq!(lists, 0.0, "a blip relists nothing:\n{}", d.logs());
     assert!(watches >= 3.0, "each watch resumed: {watches}");
     assert_eq!(served, (0.0, 0.0), "the API server served no listing");

@@ -15,10 +15,11 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{BIN, Daemon};
 use support::fault::{Lost, Report, conclude, snapshot};
-use support::remotes::{
-    apply_secret, export, kubeconfig_of, leader, remote_secret, secrets_only_args,
+use support::metrics::WRITE_KINDS;
+use support::remotes::{apply_secret, export, kubeconfig_of, remote_secret, secrets_only_args};
+use support::{
+    LOCAL, REMOTE, bed, bed_cmd, client, eventually, exported, namespace_in, obj, present,
 };
-use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace_in, obj, present};
 
 /// A cluster of the bed whose API server this test kills (other test binaries run before or
 /// after this one, never beside it).
@@ -104,8 +105,8 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let leases: Api<Lease> = Api::namespaced(client(LOCAL).await, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&pp, &leader("web", 80)).await.unwrap();
-    lapse.create(&pp, &leader("api", 80)).await.unwrap();
+    east.create(&pp, &exported("web", 80)).await.unwrap();
+    lapse.create(&pp, &exported("api", 80)).await.unwrap();
 
     // no daemon yet: no leader, status says so
     let (code, r) = status(&ns.name).await;
@@ -359,7 +360,7 @@ async fn the_outage_policy_marks_a_long_unreachable_remote_not_ready_and_restore
         marked_after >= Duration::from_secs(2),
         "not before stale-after: {marked_after:?}"
     );
-    d.wait_metric("xcc_remote_stale", &["remote=\"fade\""], 1.0)
+    d.wait_metric("xcc_remote_stale", &[("remote", FADE)], 1.0)
         .await;
     assert_eq!(
         west.get("both").await.unwrap().uid(),
@@ -380,12 +381,12 @@ async fn the_outage_policy_marks_a_long_unreachable_remote_not_ready_and_restore
     let restored_after = back.elapsed();
     d.wait_metric(
         "xcc_remote_stale_transitions_total",
-        &["remote=\"fade\"", "to=\"restored\""],
+        &[("remote", FADE), ("to", "restored")],
         1.0,
     )
     .await;
-    assert_eq!(d.metric("xcc_remote_stale", &["remote=\"fade\""]), 0.0);
-    assert_eq!(d.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    assert_eq!(d.metric("xcc_remote_stale", &[("remote", FADE)]), 0.0);
+    assert_eq!(d.writes(&WRITE_KINDS, &["delete"]), 0.0);
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(lc.clone(), &ns.name);
     eventually("RemoteStale and RemoteRestored Events", WAIT, || async {
         let list = events

@@ -10,11 +10,12 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for};
+use support::metrics::VERBS;
 use support::{
-    LOCAL, REMOTE, TestNs, absent, client, eventually, namespace, obj, ports_are, present,
+    KEY, LOCAL, REMOTE, TestNs, absent, client, endpoint, eventually, exported_with, namespace,
+    obj, ports_are, present, remote_slice_with,
 };
 
-const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
 
 struct Env {
@@ -39,31 +40,33 @@ async fn env(test: &str) -> Env {
     }
 }
 
-fn leader(name: &str, spec: Value) -> Service {
-    obj(json!({"metadata": {"name": name, "labels": {KEY: "true", "app": name}}, "spec": spec}))
-}
-
 fn http_spec() -> Value {
     json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}, {"name": "metrics", "port": 9090}]})
 }
 
-/// A remote slice as the remote cluster's EndpointSlice controller would write it.
-fn remote_slice(svc: &str, name: &str, ips: &[String]) -> EndpointSlice {
+/// A remote slice with ports http and metrics whose endpoints name a remote node and pod
+/// (nodeName, targetRef: what the follower must not copy), every fifth one not ready; on the
+/// one remote slice shape.
+fn mirror_slice(svc: &str, name: &str, ips: &[String]) -> EndpointSlice {
     let eps: Vec<Value> = ips
         .iter()
         .enumerate()
         .map(|(i, ip)| {
-            json!({"addresses": [ip], "conditions": {"ready": i % 5 != 4}, "nodeName": "remote-node",
-                   "targetRef": {"kind": "Pod", "name": format!("{svc}-pod-{i}"), "namespace": "x"}})
+            let mut e = endpoint(ip);
+            e["conditions"]["ready"] = json!(i % 5 != 4);
+            e["nodeName"] = json!("remote-node");
+            e["targetRef"] =
+                json!({"kind": "Pod", "name": format!("{svc}-pod-{i}"), "namespace": "x"});
+            e
         })
         .collect();
-    obj(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, KEY: "true",
-                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "metrics", "port": 9090, "protocol": "TCP"}],
-        "endpoints": eps
-    }))
+    remote_slice_with(
+        svc,
+        name,
+        "IPv4",
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "metrics", "port": 9090, "protocol": "TCP"}]),
+        eps,
+    )
 }
 
 fn ips(n: usize, base: u8) -> Vec<String> {
@@ -93,7 +96,7 @@ async fn start(e: &Env, extra: &[&str]) -> Daemon {
     let mut args = args_for(&e.ns.name);
     args.extend(extra.iter().map(|s| s.to_string()));
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     d
 }
 
@@ -103,13 +106,13 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
     let d = start(&e, &[]).await;
 
     e.remote_svc
-        .create(&PostParams::default(), &leader("web", http_spec()))
+        .create(&PostParams::default(), &exported_with("web", http_spec()))
         .await
         .unwrap();
     e.remote_slices
         .create(
             &PostParams::default(),
-            &remote_slice("web", "web-a", &ips(3, 1)),
+            &mirror_slice("web", "web-a", &ips(3, 1)),
         )
         .await
         .unwrap();
@@ -206,7 +209,7 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
     e.remote_slices
         .replace("web-a", &PostParams::default(), &{
             let mut s = e.remote_slices.get("web-a").await.unwrap();
-            s.endpoints = remote_slice("web", "web-a", &ips(5, 2)).endpoints;
+            s.endpoints = mirror_slice("web", "web-a", &ips(5, 2)).endpoints;
             s
         })
         .await
@@ -232,7 +235,7 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
 
     // unlabel: the leader stops being a leader
     e.remote_svc
-        .create(&PostParams::default(), &leader("api", http_spec()))
+        .create(&PostParams::default(), &exported_with("api", http_spec()))
         .await
         .unwrap();
     eventually("the api follower", WAIT, || present(&e.local_svc, "api")).await;
@@ -264,8 +267,12 @@ async fn create_update_delete_and_unlabel_are_mirrored() {
         }
     })
     .await;
-    d.wait_metric("xcc_writes_total", &["verb=\"delete\""], 2.0)
-        .await;
+    d.wait_metric(
+        "xcc_writes_total",
+        &[("kind", "Service"), ("verb", "delete")],
+        2.0,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -281,17 +288,20 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
         .await
         .unwrap();
     e.remote_svc
-        .create(&PostParams::default(), &leader("db", http_spec()))
+        .create(&PostParams::default(), &exported_with("db", http_spec()))
         .await
         .unwrap();
     e.remote_svc
-        .create(&PostParams::default(), &leader("other", http_spec()))
+        .create(&PostParams::default(), &exported_with("other", http_spec()))
         .await
         .unwrap();
     let d = start(&e, &[]).await;
 
     eventually("the conflict to be counted", WAIT, || async {
-        let n = d.metric("xcc_conflicts_total", &["kind=\"Service\""]);
+        let n = d.metric(
+            "xcc_conflicts_total",
+            &[("remote", REMOTE), ("kind", "Service")],
+        );
         if n >= 1.0 {
             Ok(())
         } else {
@@ -356,13 +366,13 @@ async fn a_same_named_local_service_that_is_not_a_follower_is_never_touched() {
 async fn manual_edits_and_deletes_of_a_follower_are_restored() {
     let e = env("mirror-drift").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("web", http_spec()))
+        .create(&PostParams::default(), &exported_with("web", http_spec()))
         .await
         .unwrap();
     e.remote_slices
         .create(
             &PostParams::default(),
-            &remote_slice("web", "web-a", &ips(4, 3)),
+            &mirror_slice("web", "web-a", &ips(4, 3)),
         )
         .await
         .unwrap();
@@ -444,13 +454,13 @@ async fn manual_edits_and_deletes_of_a_follower_are_restored() {
 async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
     let e = env("mirror-idle").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("web", http_spec()))
+        .create(&PostParams::default(), &exported_with("web", http_spec()))
         .await
         .unwrap();
     e.remote_svc
         .create(
             &PostParams::default(),
-            &leader(
+            &exported_with(
                 "headless",
                 json!({"clusterIP": "None", "ports": [{"port": 53, "protocol": "UDP"}]}),
             ),
@@ -461,14 +471,14 @@ async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
     e.remote_slices
         .create(
             &PostParams::default(),
-            &remote_slice("web", "web-a", &all[..700]),
+            &mirror_slice("web", "web-a", &all[..700]),
         )
         .await
         .unwrap();
     e.remote_slices
         .create(
             &PostParams::default(),
-            &remote_slice("web", "web-b", &all[700..]),
+            &mirror_slice("web", "web-b", &all[700..]),
         )
         .await
         .unwrap();
@@ -491,12 +501,12 @@ async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
     drop(d);
     let d2 = start(&e, &[]).await;
     eventually("a full resync of both keys", WAIT, || async {
-        let n = d2.metric("xcc_reconciles_total", &["outcome=\"unchanged\""]);
+        let n = d2.metric("xcc_reconciles_total", &[("outcome", "unchanged")]);
         if n >= 2.0 { Ok(()) } else { Err(d2.metrics()) }
     })
     .await;
     assert_eq!(
-        d2.follower_writes(&[]),
+        d2.follower_writes(&VERBS),
         0.0,
         "no write when nothing changed:\n{}",
         d2.metrics()
@@ -510,7 +520,7 @@ async fn headless_external_name_and_2500_endpoints() {
     e.remote_svc
         .create(
             &PostParams::default(),
-            &leader(
+            &exported_with(
                 "stateful",
                 json!({"clusterIP": "None", "ports": [{"port": 5432}]}),
             ),
@@ -520,7 +530,7 @@ async fn headless_external_name_and_2500_endpoints() {
     e.remote_svc
         .create(
             &PostParams::default(),
-            &leader(
+            &exported_with(
                 "ext",
                 json!({"type": "ExternalName", "externalName": "db.example.com"}),
             ),
@@ -528,7 +538,7 @@ async fn headless_external_name_and_2500_endpoints() {
         .await
         .unwrap();
     e.remote_svc
-        .create(&PostParams::default(), &leader("big", http_spec()))
+        .create(&PostParams::default(), &exported_with("big", http_spec()))
         .await
         .unwrap();
     let all = ips(2500, 4);
@@ -536,7 +546,7 @@ async fn headless_external_name_and_2500_endpoints() {
         e.remote_slices
             .create(
                 &PostParams::default(),
-                &remote_slice("big", &format!("big-{i}"), chunk),
+                &mirror_slice("big", &format!("big-{i}"), chunk),
             )
             .await
             .unwrap();
@@ -589,7 +599,7 @@ async fn headless_external_name_and_2500_endpoints() {
         not_ready, 500,
         "every fifth remote endpoint is not ready, and stays so"
     );
-    assert_eq!(d.metric("xcc_skipped_total", &[]), 0.0);
+    assert_eq!(d.family_total("xcc_skipped_total"), 0.0);
 }
 
 #[tokio::test]
@@ -598,16 +608,22 @@ async fn a_missing_local_namespace_is_skipped_then_mirrored_when_it_appears() {
     let e = env("mirror-missing-ns").await;
     let remote_only = support::namespace_in("mirror-remote-only", &[REMOTE]).await;
     let rsvc: Api<Service> = Api::namespaced(client(REMOTE).await, &remote_only.name);
-    rsvc.create(&PostParams::default(), &leader("lonely", http_spec()))
-        .await
-        .unwrap();
+    rsvc.create(
+        &PostParams::default(),
+        &exported_with("lonely", http_spec()),
+    )
+    .await
+    .unwrap();
 
     let mut args = args_for(&e.ns.name);
     args.extend(["--watch-namespace".to_string(), remote_only.name.clone()]);
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     eventually("the skip to be counted", WAIT, || async {
-        let n = d.metric("xcc_skipped_total", &["reason=\"NamespaceMissing\""]);
+        let n = d.metric(
+            "xcc_skipped_total",
+            &[("remote", REMOTE), ("reason", "NamespaceMissing")],
+        );
         if n >= 1.0 { Ok(()) } else { Err(d.metrics()) }
     })
     .await;
@@ -636,9 +652,12 @@ async fn create_namespaces_creates_a_missing_local_namespace() {
     let e = env("mirror-create-ns").await;
     let remote_only = support::namespace_in("mirror-create-ns-remote", &[REMOTE]).await;
     let rsvc: Api<Service> = Api::namespaced(client(REMOTE).await, &remote_only.name);
-    rsvc.create(&PostParams::default(), &leader("lonely", http_spec()))
-        .await
-        .unwrap();
+    rsvc.create(
+        &PostParams::default(),
+        &exported_with("lonely", http_spec()),
+    )
+    .await
+    .unwrap();
     let mut args = args_for(&e.ns.name);
     args.extend([
         "--watch-namespace".to_string(),
@@ -646,7 +665,7 @@ async fn create_namespaces_creates_a_missing_local_namespace() {
         "--create-namespaces".to_string(),
     ]);
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let lsvc: Api<Service> = Api::namespaced(client(LOCAL).await, &remote_only.name);
     eventually("the namespace and the follower", WAIT, || {
         present(&lsvc, "lonely")
@@ -663,7 +682,10 @@ async fn create_namespaces_creates_a_missing_local_namespace() {
 async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_deleted() {
     let e = env("mirror-adopt-sweep").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("legacy", http_spec()))
+        .create(
+            &PostParams::default(),
+            &exported_with("legacy", http_spec()),
+        )
         .await
         .unwrap();
     // what the Go controller left: follower label, no origin annotation, Endpoints with remote pod refs
@@ -725,7 +747,7 @@ async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_delete
     .await;
     d.wait_metric(
         "xcc_writes_total",
-        &["kind=\"Service\"", "verb=\"delete\""],
+        &[("kind", "Service"), ("verb", "delete")],
         1.0,
     )
     .await;
@@ -742,13 +764,13 @@ async fn a_follower_left_by_the_go_controller_is_adopted_and_an_orphan_is_delete
 async fn legacy_endpoints_modes_do_not_get_mirrored_twice() {
     let e = env("mirror-endpoints-mode").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("both", http_spec()))
+        .create(&PostParams::default(), &exported_with("both", http_spec()))
         .await
         .unwrap();
     e.remote_slices
         .create(
             &PostParams::default(),
-            &remote_slice("both", "both-a", &ips(3, 5)),
+            &mirror_slice("both", "both-a", &ips(3, 5)),
         )
         .await
         .unwrap();
@@ -806,11 +828,11 @@ async fn legacy_endpoints_modes_do_not_get_mirrored_twice() {
 async fn production_logs_are_json_lines() {
     let e = env("mirror-json-logs").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("web", http_spec()))
+        .create(&PostParams::default(), &exported_with("web", http_spec()))
         .await
         .unwrap();
     let d = Daemon::start_with_env(&args_for(&e.ns.name), &[("ENV", "production")]).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     eventually("the follower", WAIT, || present(&e.local_svc, "web")).await;
     let logs = d.logs();
     let mut created = false;
@@ -829,7 +851,7 @@ async fn production_logs_are_json_lines() {
 async fn dry_run_writes_nothing() {
     let e = env("mirror-dry-run").await;
     e.remote_svc
-        .create(&PostParams::default(), &leader("web", http_spec()))
+        .create(&PostParams::default(), &exported_with("web", http_spec()))
         .await
         .unwrap();
     let d = start(&e, &["--dry-run"]).await;
@@ -842,7 +864,7 @@ async fn dry_run_writes_nothing() {
     })
     .await;
     assert!(e.local_svc.get_opt("web").await.unwrap().is_none());
-    assert_eq!(d.metric("xcc_writes_total", &[]), 0.0);
+    assert_eq!(d.writes_total(), 0.0);
 }
 
 /// A slice as the Kubernetes documentation tells users to write one for a selectorless Service
@@ -881,7 +903,7 @@ async fn endpoints_of_a_leader_are_mirrored_whoever_wrote_its_slices() {
     let pp = PostParams::default();
     let selectorless = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
     e.remote_svc
-        .create(&pp, &leader("manual", selectorless.clone()))
+        .create(&pp, &exported_with("manual", selectorless.clone()))
         .await
         .unwrap();
     e.remote_slices
@@ -906,7 +928,7 @@ async fn endpoints_of_a_leader_are_mirrored_whoever_wrote_its_slices() {
         .unwrap();
     wait_ips(&e, "manual", &[ips(2, 41), ips(1, 43)].concat()).await;
     e.remote_svc
-        .create(&pp, &leader("legacy", selectorless.clone()))
+        .create(&pp, &exported_with("legacy", selectorless.clone()))
         .await
         .unwrap();
     let ep: Endpoints = obj(json!({"metadata": {"name": "legacy"}, "subsets": [
@@ -939,14 +961,14 @@ async fn endpoints_of_a_leader_are_mirrored_whoever_wrote_its_slices() {
 async fn labels_follow_their_leader_and_local_labels_stay() {
     let e = env("mirror-labels-follow").await;
     let pp = PostParams::default();
-    let mut web = leader("web", http_spec());
+    let mut web = exported_with("web", http_spec());
     web.metadata
         .labels
         .get_or_insert_with(Default::default)
         .insert("tier".into(), "gold".into());
     e.remote_svc.create(&pp, &web).await.unwrap();
     e.remote_slices
-        .create(&pp, &remote_slice("web", "web-a", &ips(2, 45)))
+        .create(&pp, &mirror_slice("web", "web-a", &ips(2, 45)))
         .await
         .unwrap();
     let d = start(&e, &[]).await;

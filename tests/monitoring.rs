@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for, free_port, http_get, with_args, with_flag};
 use support::tools::{documents, on_path, run, template, template_text, tool};
 use support::{
-    LOCAL, absent, bed, bed_cmd, client, eventually, namespace, namespace_in, obj, ports_are,
-    present, repo_root,
+    LOCAL, absent, bed, bed_cmd, client, eventually, exported, namespace, namespace_in, obj,
+    ports_are, present, repo_root,
 };
 
 /// A cluster of the bed for the e2e alert test alone: its API server is killed.
@@ -432,13 +432,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn leader(name: &str, port: i32) -> Service {
-    obj(
-        json!({"metadata": {"name": name, "labels": {"fair.com/cross-cluster": "true"}},
-               "spec": {"ports": [{"name": "http", "port": port}]}}),
-    )
-}
-
 /// Changes the port of the leaders a, b and c once per round; each round is waited for until
 /// the followers show it and Prometheus has scraped the daemon after that, so the traffic is
 /// paced by the scrapes (never by a sleep) and the dashboard's rates have points to show.
@@ -495,7 +488,7 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let pp = PostParams::default();
     for name in ["a", "b", "c"] {
-        remote.create(&pp, &leader(name, 80)).await.unwrap();
+        remote.create(&pp, &exported(name, 80)).await.unwrap();
     }
     let args = with_args(
         with_flag(args_for(&ns.name), "--remote-context", PROMDOWN),
@@ -507,7 +500,7 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
         ],
     );
     let d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[PROMDOWN]).await;
 
     // the chart's rules, as Prometheus gets them from the PrometheusRule; `for` shortened by a
     // values override, nothing else changed
@@ -556,9 +549,13 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
         )
         .await
         .unwrap();
-    remote.create(&pp, &leader("shadow", 80)).await.unwrap();
-    d.wait_metric("xcc_conflicts_total", &["remote=\"promdown\""], 1.0)
-        .await;
+    remote.create(&pp, &exported("shadow", 80)).await.unwrap();
+    d.wait_metric(
+        "xcc_conflicts_total",
+        &[("remote", PROMDOWN), ("kind", "Service")],
+        1.0,
+    )
+    .await;
     eventually("Prometheus to scrape the conflict", WAIT, || async {
         match prom.value(&format!(
             "sum(xcc_conflicts_total{{remote=\"{PROMDOWN}\"}})"
@@ -617,10 +614,7 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
             .starts_with("A watch of remote cluster promdown has been failing for 10s"),
         "{alert}"
     );
-    assert_eq!(
-        d.gauge("xcc_remote_up", &["remote=\"promdown\""]),
-        Some(0.0)
-    );
+    assert_eq!(d.gauge("xcc_remote_up", &[("remote", PROMDOWN)]), Some(0.0));
 
     // back: the alert resolves
     let restarted = Instant::now();
@@ -650,8 +644,12 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
     })
     .await;
     present(&local, "a").await.unwrap();
-    d.wait_metric("xcc_writes_total", &["verb=\"delete\""], 1.0)
-        .await;
+    d.wait_metric(
+        "xcc_writes_total",
+        &[("kind", "Service"), ("verb", "delete")],
+        1.0,
+    )
+    .await;
     eventually("Prometheus to scrape the deletion", WAIT, || async {
         match prom.value("sum(xcc_writes_total{verb=\"delete\"})")? {
             v if v >= 1.0 => Ok(()),

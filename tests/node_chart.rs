@@ -23,9 +23,8 @@ use support::fault::{Lost, Report, conclude, snapshot};
 use support::node::{
     api_port, chart_image, kubectl, lease_holder, node_cluster, pod_ready, remote_kubeconfig_secret,
 };
-use support::remotes::{leader, remote_slice};
 use support::tools::{CHART, helm, run};
-use support::{REMOTE, bed, client, eventually, namespace_in, present};
+use support::{REMOTE, bed, client, eventually, exported, namespace_in, present, remote_slice};
 
 const CLUSTER: &str = "nodal";
 const WAIT: Duration = Duration::from_secs(120);
@@ -180,13 +179,13 @@ async fn the_chart_runs_as_pods_with_its_in_cluster_identity_and_hands_the_lease
     // mirrors east's leader, with the remote kubeconfig from the mounted Secret
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
-    east.create(&PostParams::default(), &leader("web", 80))
+    east.create(&PostParams::default(), &exported("web", 80))
         .await
         .unwrap();
     east_sl
         .create(
             &PostParams::default(),
-            &remote_slice("web", "web-e", "10.1.0.1"),
+            &remote_slice("web", "web-e", &["10.1.0.1"]),
         )
         .await
         .unwrap();
@@ -223,7 +222,7 @@ async fn the_chart_runs_as_pods_with_its_in_cluster_identity_and_hands_the_lease
     .await;
     let handed_over = restart.elapsed();
     // a change made now is written by the new leader
-    east.create(&PostParams::default(), &leader("after-restart", 80))
+    east.create(&PostParams::default(), &exported("after-restart", 80))
         .await
         .unwrap();
     eventually("a change after the restart", WAIT, || {

@@ -33,15 +33,17 @@ use kube::api::{DeleteParams, EvictParams, ListParams, LogParams, Patch, PatchPa
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::daemon::{free_port, gauge_value, http_get_at, metric_value};
+use support::daemon::{free_port, http_get_at};
 use support::fault::{Lost, Report, Snapshot, conclude, snapshot};
+use support::metrics::{family_total, series_value};
 use support::node::{
     api_port, chart_image, kubectl, lease_holder, node_at, node_cluster_with, pod_ready,
     remote_kubeconfig_secret,
 };
-use support::remotes::{leader, remote_slice};
 use support::tools::{CHART, helm, run};
-use support::{REMOTE, bed, client, config, eventually, namespace_in, present};
+use support::{
+    REMOTE, bed, client, config, eventually, exported, namespace_in, present, remote_slice,
+};
 use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "pair";
@@ -354,15 +356,16 @@ async fn one_writer(pods: &Api<Pod>, leases: &Api<Lease>, port: u16) -> Result<(
     let lm = scrape(ip_of(l), port).await?;
     let sm = scrape(ip_of(s), port).await?;
     let (lg, sg) = (
-        gauge_value(&lm, "xcc_leader", &[]),
-        gauge_value(&sm, "xcc_leader", &[]),
+        series_value(&lm, "xcc_leader", &[])?,
+        series_value(&sm, "xcc_leader", &[])?,
     );
-    let standby_writes = metric_value(&sm, "xcc_writes_total", &[])?;
-    if lg == Some(1.0) && sg == Some(0.0) && standby_writes == 0.0 {
+    // every write series of the standby, whatever its labels: it must have written nothing
+    let standby_writes = family_total(&sm, "xcc_writes_total")?;
+    if lg == 1.0 && sg == 0.0 && standby_writes == 0.0 {
         Ok((l.clone(), s.clone()))
     } else {
         Err(format!(
-            "xcc_leader {lg:?} on the holder, {sg:?} on the standby, which wrote {standby_writes}"
+            "xcc_leader {lg} on the holder, {sg} on the standby, which wrote {standby_writes}"
         ))
     }
 }
@@ -432,6 +435,11 @@ impl Handover {
 /// The shared state of the cases.
 struct Release {
     ns: String,
+    /// the test's namespace in east and pair, removed when the release is dropped
+    _ns: support::TestNs,
+    /// the bed's kubeconfig (helm and kubectl)
+    kubeconfig: std::path::PathBuf,
+    /// the pods' admin port, free on both nodes' addresses
     port: u16,
     pods: Api<Pod>,
     leases: Api<Lease>,
@@ -443,9 +451,66 @@ struct Release {
     timeline: Timeline,
     /// the leaders east exports (each must have its follower)
     leaders: BTreeSet<String>,
+    budgets: Api<PodDisruptionBudget>,
+    /// pods of the release, through a client that does not retry a 429 (kube's client retries
+    /// one for minutes: a refused eviction must come back as one)
+    evictions: Api<Pod>,
+}
+
+/// What setting the release up took, for the test's output.
+struct SetUp {
+    built: String,
+    nodes_ready: Duration,
+    image_ready: Duration,
+    both_ready: Duration,
 }
 
 impl Release {
+    /// `helm <verb>` of the release with the chart's defaults (replicaCount 2, the
+    /// PodDisruptionBudget with minAvailable 1, preferred anti-affinity and a topology spread
+    /// across nodes) and what the bed needs, with `workers` workers.
+    fn helm(&self, verb: &str, workers: u32) -> std::process::Command {
+        let sets = [
+            "image.repository=localhost/cross-cluster-controller".to_string(),
+            "image.tag=dev".into(),
+            "image.pullPolicy=Never".into(),
+            "hostNetwork=true".into(),
+            "adminBindPodIP=true".into(),
+            format!("adminPort={}", self.port),
+            "apiServerOverride.host=127.0.0.1".into(),
+            format!(
+                "apiServerOverride.port={}",
+                api_port(&self.kubeconfig, CLUSTER)
+            ),
+            "remoteKubeconfig.existingSecret=east-kubeconfig".into(),
+            "remoteSecretSelector=".into(),
+            format!("watchNamespaces={{{}}}", self.ns),
+            "leaseDurationSeconds=6".into(),
+            format!("workers={workers}"),
+            format!("fullnameOverride={}", fullname()),
+            "remoteReader.enabled=false".into(),
+        ];
+        let mut c = helm(&self.kubeconfig);
+        c.args([
+            verb,
+            RELEASE,
+            CHART,
+            "--kube-context",
+            CLUSTER,
+            "-n",
+            &self.ns,
+        ]);
+        for s in sets {
+            c.args(["--set", &s]);
+        }
+        c
+    }
+
+    /// Two replicas Ready, one per node, exactly one writing: (leader, standby).
+    async fn one_writer(&self) -> Result<(Pod, Pod), String> {
+        one_writer(&self.pods, &self.leases, self.port).await
+    }
+
     async fn snapshot(&self) -> Snapshot {
         snapshot(&self.pair, &[&self.ns]).await
     }
@@ -473,7 +538,7 @@ impl Release {
     /// A new leader in east, mirrored later.
     async fn add_leader(&mut self, name: &str) {
         self.east
-            .create(&PostParams::default(), &leader(name, 80))
+            .create(&PostParams::default(), &exported(name, 80))
             .await
             .unwrap();
         self.leaders.insert(name.to_string());
@@ -564,6 +629,33 @@ impl Release {
 
 #[tokio::test]
 async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
+    let (mut bed, (l, s), set_up) = two_replicas_ready_one_writing().await;
+    let (l, s) = leader_pod_deleted_while_the_standby_runs(&mut bed, l, s).await;
+    let (l, s) = helm_upgrade_replaces_both_pods_one_at_a_time(&mut bed, l, s).await;
+    drain_of_the_leaders_node_against_the_budget(&mut bed, l, s).await;
+    // the cluster-wide objects go with the release (the namespace goes when the test ends)
+    let mut uninstall = helm(&bed.kubeconfig);
+    uninstall.args([
+        "uninstall",
+        RELEASE,
+        "--kube-context",
+        CLUSTER,
+        "-n",
+        &bed.ns,
+    ]);
+    run(&mut uninstall);
+    eprintln!(
+        "{}\nnodes Ready {:.1} s, image built and imported {:.1} s, helm install to two replicas Ready {:.1} s",
+        set_up.built,
+        set_up.nodes_ready.as_secs_f64(),
+        set_up.image_ready.as_secs_f64(),
+        set_up.both_ready.as_secs_f64()
+    );
+}
+
+/// (a) The cluster with two nodes, the image, the release installed; two replicas Ready through
+/// the chart's probes, one per node, exactly one writing; east's leaders mirrored.
+async fn two_replicas_ready_one_writing() -> (Release, (Pod, Pod), SetUp) {
     let up = Instant::now();
     node_cluster_with(CLUSTER, 2).await;
     let nodes_ready = up.elapsed();
@@ -575,13 +667,8 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         .unwrap();
     let pair = client(CLUSTER).await;
     let pods: Api<Pod> = Api::namespaced(pair.clone(), &ns.name);
-    let leases: Api<Lease> = Api::namespaced(pair.clone(), &ns.name);
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(pair.clone(), &ns.name);
-    // kube's client retries a 429 for minutes: a refused eviction must come back as one
     let mut once = config(CLUSTER).await;
     once.default_retry = false;
-    let evictions: Api<Pod> = Api::namespaced(Client::try_from(once).unwrap(), &ns.name);
-
     // the static remote east, as in tests/node_chart.rs
     remote_kubeconfig_secret(&pair, &bed_paths.kubeconfig, REMOTE, &ns.name).await;
     // the admin port, free on both nodes' addresses
@@ -591,78 +678,37 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
             break p;
         }
     };
-    let sets = |workers: u32| -> Vec<String> {
-        vec![
-            "image.repository=localhost/cross-cluster-controller".to_string(),
-            "image.tag=dev".into(),
-            "image.pullPolicy=Never".into(),
-            // the chart's defaults: replicaCount 2, the PodDisruptionBudget (minAvailable 1),
-            // preferred anti-affinity and a topology spread across nodes
-            "hostNetwork=true".into(),
-            "adminBindPodIP=true".into(),
-            format!("adminPort={port}"),
-            "apiServerOverride.host=127.0.0.1".into(),
-            format!(
-                "apiServerOverride.port={}",
-                api_port(&bed_paths.kubeconfig, CLUSTER)
-            ),
-            "remoteKubeconfig.existingSecret=east-kubeconfig".into(),
-            "remoteSecretSelector=".into(),
-            format!("watchNamespaces={{{}}}", ns.name),
-            "leaseDurationSeconds=6".into(),
-            format!("workers={workers}"),
-            format!("fullnameOverride={}", fullname()),
-            "remoteReader.enabled=false".into(),
-        ]
-    };
-    let helm_cmd = |verb: &str, workers: u32| {
-        let mut c = helm(&bed_paths.kubeconfig);
-        c.args([
-            verb,
-            RELEASE,
-            CHART,
-            "--kube-context",
-            CLUSTER,
-            "-n",
-            &ns.name,
-        ]);
-        for s in sets(workers) {
-            c.args(["--set", &s]);
-        }
-        c
-    };
-    let timeline = Timeline::default();
-    watch_all(&pair, &ns.name, &timeline);
-    let installed = Instant::now();
-    run(&mut helm_cmd("install", 16));
-
-    // (a) two replicas Ready through the chart's probes, one per node, exactly one writing
-    let (first_leader, _) = eventually("two replicas Ready, one leading", WAIT, || {
-        one_writer(&pods, &leases, port)
-    })
-    .await;
-    let both_ready = installed.elapsed();
     let east_c = client(REMOTE).await;
     let mut bed = Release {
         ns: ns.name.clone(),
+        kubeconfig: bed_paths.kubeconfig.clone(),
         port,
         pods: pods.clone(),
-        leases: leases.clone(),
+        leases: Api::namespaced(pair.clone(), &ns.name),
         followers: Api::namespaced(pair.clone(), &ns.name),
         follower_slices: Api::namespaced(pair.clone(), &ns.name),
         east: Api::namespaced(east_c.clone(), &ns.name),
         east_slices: Api::namespaced(east_c, &ns.name),
         pair: pair.clone(),
-        timeline: timeline.clone(),
+        timeline: Timeline::default(),
         leaders: BTreeSet::new(),
+        budgets: Api::namespaced(pair.clone(), &ns.name),
+        evictions: Api::namespaced(Client::try_from(once).unwrap(), &ns.name),
+        _ns: ns,
     };
+    watch_all(&pair, &bed.ns, &bed.timeline);
+    let installed = Instant::now();
+    run(&mut bed.helm("install", 16));
+    let (first_leader, _) =
+        eventually("two replicas Ready, one leading", WAIT, || bed.one_writer()).await;
+    let both_ready = installed.elapsed();
     for name in [WATCHED, "api", "db"] {
         bed.add_leader(name).await;
     }
     bed.east_slices
         .create(
             &PostParams::default(),
-            &remote_slice(WATCHED, "web-e", "10.1.0.1"),
+            &remote_slice(WATCHED, "web-e", &["10.1.0.1"]),
         )
         .await
         .unwrap();
@@ -670,10 +716,7 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         bed.matched("10.1.0.1")
     })
     .await;
-    let (l, s) = eventually("exactly one writing", WAIT, || {
-        one_writer(&bed.pods, &bed.leases, bed.port)
-    })
-    .await;
+    let (l, s) = eventually("exactly one writing", WAIT, || bed.one_writer()).await;
     assert_eq!(l.name_any(), first_leader.name_any());
     let standby_log = pods
         .logs(&s.name_any(), &LogParams::default())
@@ -689,11 +732,27 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         .unwrap();
     assert!(leader_log.contains("in-cluster"), "{leader_log}");
     assert!(leader_log.contains("became leader"), "{leader_log}");
+    let set_up = SetUp {
+        built,
+        nodes_ready,
+        image_ready,
+        both_ready,
+    };
+    (bed, (l, s), set_up)
+}
 
-    // (b) the leader pod deleted while the standby runs. The deleted pod releases the Lease on
-    // SIGTERM; the standby takes it at its next Lease round (every 1.2 s with a 6 s Lease),
-    // unless the Deployment's replacement, started on the freed node meanwhile, asks first:
-    // either way another pod must hold it within the Lease duration.
+/// (b) The leader pod deleted while the standby runs: another pod holds the Lease within the
+/// Lease duration, nothing lost. Returns (leader, standby) afterwards.
+async fn leader_pod_deleted_while_the_standby_runs(
+    bed: &mut Release,
+    l: Pod,
+    s: Pod,
+) -> (Pod, Pod) {
+    let (pods, leases, timeline) = (bed.pods.clone(), bed.leases.clone(), bed.timeline.clone());
+    // The deleted pod releases the Lease on SIGTERM; the standby takes it at its next Lease
+    // round (every 1.2 s with a 6 s Lease), unless the Deployment's replacement, started on the
+    // freed node meanwhile, asks first: either way another pod must hold it within the Lease
+    // duration.
     let before = bed.snapshot().await;
     let logs = follow_logs(&pods, std::slice::from_ref(&l));
     let deleted_at = Arc::new(Mutex::new(None));
@@ -733,7 +792,7 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         "within the Lease duration (6 s): {delete_takeover:?}"
     );
     let (l, s) = eventually("two replicas again after the deletion", WAIT, || {
-        one_writer(&bed.pods, &bed.leases, bed.port)
+        bed.one_writer()
     })
     .await;
     assert_eq!(l.name_any(), new, "the pod that took over still leads");
@@ -761,8 +820,22 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         &Lost::since(&before, &after, &bed.leaders),
         &before.non_followers_touched(&after),
     );
+    (l, s)
+}
 
-    // (c) helm upgrade with a changed value: both pods replaced, one at a time
+/// (c) `helm upgrade` with a changed value: both pods replaced, one at a time; each old leader
+/// released the Lease. Returns (leader, standby) afterwards.
+async fn helm_upgrade_replaces_both_pods_one_at_a_time(
+    bed: &mut Release,
+    l: Pod,
+    s: Pod,
+) -> (Pod, Pod) {
+    let (pods, leases, timeline, port) = (
+        bed.pods.clone(),
+        bed.leases.clone(),
+        bed.timeline.clone(),
+        bed.port,
+    );
     let before = bed.snapshot().await;
     let old = [l.clone(), s.clone()];
     let logs = follow_logs(&pods, &old);
@@ -771,7 +844,7 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         let pods = pods.clone();
         let leases = leases.clone();
         let old: Vec<String> = old.iter().map(|p| p.name_any()).collect();
-        let mut upgrade_cmd = helm_cmd("upgrade", 8);
+        let mut upgrade_cmd = bed.helm("upgrade", 8);
         bed.handover(
             "upgrade",
             move || async move {
@@ -828,8 +901,19 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         &Lost::since(&before, &after, &bed.leaders),
         &before.non_followers_touched(&after),
     );
+    (l, s)
+}
 
-    // (d) kubectl drain of the leader's node against the chart's PodDisruptionBudget
+/// (d) `kubectl drain` of the leader's node against the chart's PodDisruptionBudget: the pod on
+/// the other node takes over, the replacement waits unschedulable, a second eviction is refused
+/// with 429 until, after uncordon, the replacement is Ready.
+async fn drain_of_the_leaders_node_against_the_budget(bed: &mut Release, l: Pod, s: Pod) {
+    let (pods, leases, budgets, evictions) = (
+        bed.pods.clone(),
+        bed.leases.clone(),
+        bed.budgets.clone(),
+        bed.evictions.clone(),
+    );
     eventually("the budget allows one disruption", WAIT, || async {
         match budget(&budgets).await? {
             (2, 1) => Ok(()),
@@ -921,7 +1005,7 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
     run(kubectl(CLUSTER).args(["uncordon", &drained]));
     let uncordoned = Instant::now();
     let (l2, s2) = eventually("two replicas again after uncordon", WAIT, || {
-        one_writer(&bed.pods, &bed.leases, bed.port)
+        bed.one_writer()
     })
     .await;
     let replaced_in = uncordoned.elapsed();
@@ -975,22 +1059,5 @@ async fn two_replicas_on_two_nodes_hand_over_on_delete_upgrade_and_drain() {
         },
         &Lost::since(&before, &after, &bed.leaders),
         &before.non_followers_touched(&after),
-    );
-    // the cluster-wide objects go with the release (the namespace goes when the test ends)
-    let mut uninstall = helm(&bed_paths.kubeconfig);
-    uninstall.args([
-        "uninstall",
-        RELEASE,
-        "--kube-context",
-        CLUSTER,
-        "-n",
-        &ns.name,
-    ]);
-    run(&mut uninstall);
-    eprintln!(
-        "{built}\nnodes Ready {:.1} s, image built and imported {:.1} s, helm install to two replicas Ready {:.1} s",
-        nodes_ready.as_secs_f64(),
-        image_ready.as_secs_f64(),
-        both_ready.as_secs_f64()
     );
 }

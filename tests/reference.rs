@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use clap::CommandFactory;
-use cross_cluster_controller::args::Cli;
+use cross_cluster_controller::cli::Cli;
 use cross_cluster_controller::desired::{
     self, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL,
 };
-use cross_cluster_controller::metrics::Metrics;
+use cross_cluster_controller::runtime::metrics::{ByRemote, ByRemoteTo, ByWatch, Metrics};
 
 const PAGE: &str = "docs/reference.md";
 
@@ -60,23 +60,16 @@ fn flags(cmd: &clap::Command) -> String {
 fn every_family() -> Metrics {
     let m = Metrics::new();
     m.init_remote("REMOTE");
-    let remote = vec![("remote", "REMOTE".to_string())];
+    let remote = ByRemote::new("REMOTE");
     m.followers.get_or_create(&remote).set(0);
     m.remote_up.get_or_create(&remote).set(0);
     m.since_list.get_or_create(&remote).set(0.0);
     m.credential_expiry.get_or_create(&remote).set(0);
     m.remote_stale.get_or_create(&remote).set(0);
     m.lag.get_or_create(&remote).observe(0.0);
-    let to = vec![
-        ("remote", "REMOTE".to_string()),
-        ("to", "marked".to_string()),
-    ];
+    let to = ByRemoteTo::new("REMOTE", "marked");
     m.remote_stale_transitions.get_or_create(&to).inc();
-    let request = vec![
-        ("cluster", "REMOTE".to_string()),
-        ("kind", "Service".to_string()),
-        ("request", "list".to_string()),
-    ];
+    let request = ByWatch::new("REMOTE", "Service", "list");
     m.watch_requests.get_or_create(&request).inc();
     m
 }
@@ -240,11 +233,11 @@ fn page() -> String {
 fn reference_page_matches_the_code() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PAGE);
     let want = page();
-    // every family registered in src/metrics.rs is on the page (one left empty above would not be)
+    // every family registered in src/runtime/metrics.rs is on the page (one left empty above would not be)
     let source = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime/metrics.rs"),
     )
-    .expect("read src/metrics.rs");
+    .expect("read src/runtime/metrics.rs");
     let registered = source.matches("registry.register(").count();
     let listed = want
         .split("\n## Metrics")
@@ -255,7 +248,7 @@ fn reference_page_matches_the_code() {
         });
     assert_eq!(
         listed, registered,
-        "src/metrics.rs registers {registered} families, the reference lists {listed}: give every \
+        "src/runtime/metrics.rs registers {registered} families, the reference lists {listed}: give every \
          family a series in every_family()"
     );
     if std::env::var_os("XCC_WRITE_REFERENCE").is_some() {

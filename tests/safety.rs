@@ -10,16 +10,12 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, run_to_exit, with_flag};
 use support::fault::{Report, conclude_since, snapshot};
-use support::{LOCAL, REMOTE, bed, bed_cmd, client, eventually, namespace, obj, present};
+use support::metrics::WRITE_KINDS;
+use support::{
+    KEY, LOCAL, REMOTE, bed, bed_cmd, client, eventually, exported, namespace, obj, present,
+};
 
-const KEY: &str = "fair.com/cross-cluster";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn leader(name: &str) -> Service {
-    obj(
-        json!({"metadata": {"name": name, "labels": {KEY: "true"}}, "spec": {"ports": [{"port": 80}]}}),
-    )
-}
 
 /// The remote of this test is a cluster of its own (`north`), so stopping it disturbs no
 /// other test.
@@ -41,7 +37,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     for n in ["a", "b", "c"] {
         remote
-            .create(&PostParams::default(), &leader(n))
+            .create(&PostParams::default(), &exported(n, 80))
             .await
             .unwrap();
     }
@@ -57,7 +53,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
         .map(String::from),
     );
     let mut d = Daemon::start(&args).await;
-    d.wait_synced().await;
+    d.wait_synced(&[NORTH]).await;
     for n in ["a", "b", "c"] {
         eventually("followers", WAIT, || present(&local, n)).await;
     }
@@ -69,7 +65,10 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
         .await
         .unwrap();
     eventually("three aborted sweeps", WAIT, || async {
-        let n = d.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
+        let n = d.metric(
+            "xcc_sweeps_total",
+            &[("remote", NORTH), ("outcome", "aborted")],
+        );
         if n >= 3.0 {
             Ok(())
         } else {
@@ -81,7 +80,10 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     d.kill();
     let d2 = Daemon::start(&args).await;
     eventually("a sweep aborted by the fresh daemon", WAIT, || async {
-        let n = d2.metric("xcc_sweeps_total", &["outcome=\"aborted\""]);
+        let n = d2.metric(
+            "xcc_sweeps_total",
+            &[("remote", NORTH), ("outcome", "aborted")],
+        );
         if n >= 2.0 { Ok(()) } else { Err(d2.logs()) }
     })
     .await;
@@ -96,7 +98,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
             .await
             .expect("no follower is deleted while the remote is unreachable");
     }
-    assert_eq!(d2.metric("xcc_writes_total", &["verb=\"delete\""]), 0.0);
+    assert_eq!(d2.writes(&WRITE_KINDS, &["delete"]), 0.0);
     assert!(
         d2.logs()
             .contains("sweep: listing failed; this remote deletes nothing this time"),
@@ -121,7 +123,7 @@ async fn an_unreachable_remote_deletes_nothing_and_recovery_converges() {
     present(&local, "c").await.unwrap();
     eventually("ready again", WAIT, || async {
         let (code, body) = d2.readyz()?;
-        let up = d2.gauge("xcc_remote_up", &["remote=\"north\""]);
+        let up = d2.gauge("xcc_remote_up", &[("remote", NORTH)]);
         if code == 200 && up == Some(1.0) {
             Ok(())
         } else {
@@ -156,12 +158,12 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
     let mut args = args_for(&ns.name);
     args.extend(["--identity".to_string(), "replica-1".to_string()]);
     let mut one = Daemon::start(&args).await;
-    one.wait_synced().await;
+    one.wait_synced(&[REMOTE]).await;
     let n = args.len();
     args[n - 1] = "replica-2".to_string();
     let mut two = Daemon::start(&args).await;
     eventually("replica 2 to serve metrics", WAIT, || async {
-        if two.metrics().contains("xcc_leader") {
+        if two.gauge("xcc_leader", &[]).is_some() {
             Ok(())
         } else {
             Err("no metrics yet".to_string())
@@ -171,15 +173,11 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
     assert!(is_leader(&one) && !is_leader(&two), "exactly one leader");
 
     remote
-        .create(&PostParams::default(), &leader("x"))
+        .create(&PostParams::default(), &exported("x", 80))
         .await
         .unwrap();
     eventually("the leader mirrors", WAIT, || present(&local, "x")).await;
-    assert_eq!(
-        two.metric("xcc_writes_total", &[]),
-        0.0,
-        "the standby never writes"
-    );
+    assert_eq!(two.writes_total(), 0.0, "the standby never writes");
     let local_client = client(LOCAL).await;
     let before = snapshot(&local_client, &[&ns.name]).await;
 
@@ -206,7 +204,7 @@ async fn two_replicas_one_leader_and_a_takeover_when_it_dies() {
         Some("replica-2")
     );
     remote
-        .create(&PostParams::default(), &leader("y"))
+        .create(&PostParams::default(), &exported("y", 80))
         .await
         .unwrap();
     eventually("the new leader mirrors", WAIT, || present(&local, "y")).await;
@@ -346,12 +344,12 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     // a leader in a namespace the daemon does not watch, with a same-named local non-follower
     let remote_other: Api<Service> = Api::namespaced(client(REMOTE).await, &other.name);
     remote_other
-        .create(&PostParams::default(), &leader("x"))
+        .create(&PostParams::default(), &exported("x", 80))
         .await
         .unwrap();
     let remote: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     remote
-        .create(&PostParams::default(), &leader("x"))
+        .create(&PostParams::default(), &exported("x", 80))
         .await
         .unwrap();
     let local_other: Api<Service> = Api::namespaced(client(LOCAL).await, &other.name);
@@ -365,7 +363,7 @@ async fn a_remote_object_cannot_make_us_write_outside_its_namespace() {
     let local_client = client(LOCAL).await;
     let before = snapshot(&local_client, &[&ns.name, &other.name]).await;
     let d = Daemon::start(&args_for(&ns.name)).await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let local: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     eventually("the follower in the watched namespace", WAIT, || {
         present(&local, "x")
@@ -435,7 +433,7 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
 
     let remote: Api<Service> = Api::namespaced(admin, &ns.name);
     remote
-        .create(&PostParams::default(), &leader("secretive"))
+        .create(&PostParams::default(), &exported("secretive", 80))
         .await
         .unwrap();
     let args: Vec<String> = [
@@ -463,7 +461,7 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
         present(&local, "secretive")
     })
     .await;
-    d.wait_synced().await;
+    d.wait_synced(&[REMOTE]).await;
     let logs = d.logs();
     assert!(logs.lines().count() > 50, "trace logging is on");
     assert!(!logs.contains(&token), "the token appears in the logs");
@@ -479,8 +477,8 @@ async fn a_read_only_remote_token_works_and_never_appears_in_logs_at_any_level()
 /// without the Lease.
 #[tokio::test]
 async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_lease() {
-    use cross_cluster_controller::metrics::Metrics;
-    use cross_cluster_controller::writer::Writer;
+    use cross_cluster_controller::reconcile::writer::Writer;
+    use cross_cluster_controller::runtime::metrics::Metrics;
     use kube::ResourceExt;
     use std::sync::Arc;
 
@@ -489,7 +487,7 @@ async fn the_writer_never_deletes_or_overwrites_a_replaced_object_and_needs_the_
     let api: Api<Service> = Api::namespaced(local.clone(), &ns.name);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(Some(until));
-    let leader = cross_cluster_controller::lease::Leadership::from_receiver(leader_rx);
+    let leader = cross_cluster_controller::runtime::lease::Leadership::from_receiver(leader_rx);
     let writer = Writer::new(local, leader, false, Arc::new(Metrics::default()));
 
     let svc = |port: i32| -> Service {
@@ -569,5 +567,5 @@ async fn a_missing_lease_namespace_is_named_once_and_nothing_is_written() {
     .await;
     assert_eq!(d.logs().matches(&hint).count(), 1, "{}", d.logs());
     assert_eq!(d.gauge("xcc_leader", &[]), Some(0.0));
-    assert_eq!(d.metric("xcc_writes_total", &[]), 0.0);
+    assert_eq!(d.writes_total(), 0.0);
 }

@@ -20,8 +20,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use support::catcher::Catcher;
 use support::daemon::Daemon;
-use support::remotes::{apply_secret, kubeconfig_of, leader, remote_secret, secrets_only_args};
-use support::{LOCAL, REMOTE, bed, client, eventually, namespace_in, obj, present};
+use support::remotes::{apply_secret, kubeconfig_of, remote_secret, secrets_only_args};
+use support::{LOCAL, REMOTE, bed, client, eventually, exported, namespace_in, obj, present};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -108,7 +108,7 @@ async fn secrets_that_would_run_a_program_or_read_a_file_are_refused_and_nothing
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&PostParams::default(), &leader("web", 80))
+    east.create(&PostParams::default(), &exported("web", 80))
         .await
         .unwrap();
     let d = Daemon::start_secrets_only(&secrets_only_args(&ns.name)).await;
@@ -334,7 +334,7 @@ async fn an_exec_plugin_the_operator_allowed_runs_and_no_other_command_does() {
     let east: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
-    east.create(&PostParams::default(), &leader("web", 80))
+    east.create(&PostParams::default(), &exported("web", 80))
         .await
         .unwrap();
     let reader = Reader::new(&ns.name).await;

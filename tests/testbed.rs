@@ -241,31 +241,85 @@ proc_signal "$dir/other.pid" "$py" "--data-dir /bed/other/etcd" KILL
     );
 }
 
-/// A metric assertion must not pass on a page that lacks the metric: a renamed metric, or a page
-/// that is not the daemon's, would otherwise read as 0 and make `== 0` assertions vacuous.
+/// A metric assertion must not pass on a page that lacks the series: a renamed metric or label,
+/// or a page that is not the daemon's, would otherwise read as 0 and make `== 0` assertions
+/// vacuous. A read names the whole label set; a part of it, or a label renamed, is an error.
 #[test]
-fn a_metric_read_fails_when_its_family_is_not_published() {
-    use support::daemon::metric_value;
+fn a_metric_read_names_one_whole_series_and_fails_when_it_is_absent() {
+    use support::metrics::{family_total, series_value, sum_of, writes_of};
     let page = "# HELP xcc_writes Writes.\n# TYPE xcc_writes counter\n\
                 xcc_writes_total{kind=\"Service\",verb=\"create\"} 2\n\
                 xcc_writes_total{kind=\"Service\",verb=\"update\"} 3\n\
+                xcc_writes_total{kind=\"EndpointSlice\",verb=\"update\"} 4\n\
+                # HELP xcc_leader Leader.\n# TYPE xcc_leader gauge\nxcc_leader 1\n\
+                # HELP xcc_skipped Skipped.\n# TYPE xcc_skipped counter\n\
+                xcc_skipped_total{remote=\"a \\\"b\\\", c\",reason=\"X\"} 6\n\
                 # HELP xcc_conflicts Conflicts.\n# TYPE xcc_conflicts counter\n# EOF\n";
-    assert_eq!(metric_value(page, "xcc_writes_total", &[]), Ok(5.0));
+    let update = [("verb", "update"), ("kind", "Service")];
+    assert_eq!(series_value(page, "xcc_writes_total", &update), Ok(3.0));
+    assert_eq!(series_value(page, "xcc_leader", &[]), Ok(1.0));
+    // an escaped label value is read as written
     assert_eq!(
-        metric_value(page, "xcc_writes_total", &["verb=\"update\""]),
-        Ok(3.0)
+        series_value(
+            page,
+            "xcc_skipped_total",
+            &[("remote", "a \"b\", c"), ("reason", "X")]
+        ),
+        Ok(6.0)
     );
+    // a part of the label set is not a series (the old read summed 3 + 4 here)
+    assert!(series_value(page, "xcc_writes_total", &[("verb", "update")]).is_err());
+    // a renamed label, a renamed value, a renamed metric: errors, never 0
+    let renamed = series_value(
+        page,
+        "xcc_writes_total",
+        &[("kind", "Service"), ("verbs", "update")],
+    );
+    assert!(
+        renamed
+            .as_ref()
+            .is_err_and(|e| e.contains("verb=\"update\"")),
+        "{renamed:?}"
+    );
+    assert!(
+        series_value(
+            page,
+            "xcc_writes_total",
+            &[("kind", "Service"), ("verb", "delete")]
+        )
+        .is_err()
+    );
+    assert!(series_value(page, "xcc_writes_renamed_total", &update).is_err());
+    // published, never incremented, no series: absent, not 0
+    assert!(series_value(page, "xcc_conflicts_total", &[]).is_err());
+    assert!(series_value("", "xcc_leader", &[]).is_err());
+    // a sum over an explicit list fails when one of it is absent
     assert_eq!(
-        metric_value(page, "xcc_conflicts_total", &[]),
-        Ok(0.0),
-        "published, never incremented"
+        sum_of(
+            page,
+            "xcc_writes_total",
+            &writes_of(&["Service"], &["create", "update"])
+        ),
+        Ok(5.0)
     );
-    assert!(metric_value(page, "xcc_writes_renamed_total", &[]).is_err());
-    assert!(metric_value("", "xcc_writes_total", &[]).is_err());
+    assert!(
+        sum_of(
+            page,
+            "xcc_writes_total",
+            &writes_of(&["Service", "Endpoints"], &["update"])
+        )
+        .is_err()
+    );
+    // "nothing at all": every series of a published family; an absent family is an error
+    assert_eq!(family_total(page, "xcc_writes_total"), Ok(9.0));
+    assert_eq!(family_total(page, "xcc_conflicts_total"), Ok(0.0));
+    assert!(family_total(page, "xcc_writes_renamed_total").is_err());
+    assert!(family_total("", "xcc_writes_total").is_err());
     let apiserver =
         "# TYPE apiserver_request_total counter\napiserver_request_total{verb=\"LIST\"} 7\n";
+    assert_eq!(family_total(apiserver, "apiserver_request_total"), Ok(7.0));
     assert_eq!(
-        metric_value(apiserver, "apiserver_request_total", &[]),
+        series_value(apiserver, "apiserver_request_total", &[("verb", "LIST")]),
         Ok(7.0)
     );
 }

@@ -675,11 +675,26 @@ fn read_or_empty(path: &Path) -> Res<String> {
     }
 }
 
-/// results.md split before its several-remotes section (if it has one).
+/// The heading of the data-path section (`XCC_BENCH_DATAPATH=1`, tests/bench_datapath.rs
+/// writes it, always as the last section); runs of the other modes keep it.
+const DATAPATH: &str = "## Data path";
+
+/// Where results.md's section `heading` begins, if it has one.
+fn section_at(md: &str, heading: &str) -> Option<usize> {
+    match md.find(&format!("\n{heading}\n")) {
+        Some(i) => Some(i + 1),
+        None => md.starts_with(heading).then_some(0),
+    }
+}
+
+/// results.md split before its several-remotes or data-path section (the first of them).
 fn split_section(md: &str) -> (&str, Option<&str>) {
-    match md.find(&format!("\n{}\n", multi::SECTION)) {
-        Some(i) => (&md[..i + 1], Some(&md[i + 1..])),
-        None if md.starts_with(multi::SECTION) => ("", Some(md)),
+    match [multi::SECTION, DATAPATH]
+        .iter()
+        .filter_map(|h| section_at(md, h))
+        .min()
+    {
+        Some(i) => (&md[..i], Some(&md[i..])),
         None => (md, None),
     }
 }
@@ -814,7 +829,15 @@ async fn main() -> Res<()> {
         std::fs::create_dir_all(&out)?;
         let md = read_or_empty(&out.join("results.md"))?;
         let (before, _) = split_section(&md);
-        let md = format!("{}\n\n{section}", before.trim_end());
+        // the data-path section of an earlier XCC_BENCH_DATAPATH=1 run stays, last
+        let datapath = section_at(&md, DATAPATH)
+            .map(|i| format!("\n{}", &md[i..]))
+            .unwrap_or_default();
+        let md = format!(
+            "{}\n\n{}\n{datapath}",
+            before.trim_end(),
+            section.trim_end()
+        );
         std::fs::write(out.join("results.md"), md.trim_start())?;
         let mut json: Value = match read_or_empty(&out.join("results.json"))?.as_str() {
             "" => json!({}),
@@ -897,7 +920,7 @@ async fn main() -> Res<()> {
     }
     if let Some(lag) = &lag {
         md += &format!(
-            "\nPropagation lag at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
+            "\nPropagation lag (API object to API object: the middle part of the data path, see \"Data path\") at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
             lag.rate_per_s,
             lag.services,
             lag.changes,
@@ -908,7 +931,7 @@ async fn main() -> Res<()> {
         );
     }
     md += &format!("\nWhole run: {:.0} s.\n", started.elapsed().as_secs_f64());
-    // the several-remotes section of an earlier XCC_BENCH_MULTI=1 run stays
+    // the several-remotes and data-path sections of earlier runs stay
     let old = read_or_empty(&out.join("results.md"))?;
     let (_, kept) = split_section(&old);
     std::fs::write(
@@ -922,9 +945,12 @@ async fn main() -> Res<()> {
     let mut json = json!({"rows": rows, "lag": lag});
     if let Ok(text) = std::fs::read_to_string(out.join("results.json"))
         && let Ok(old) = serde_json::from_str::<Value>(&text)
-        && let Some(m) = old.get("multi")
     {
-        json["multi"] = m.clone();
+        for key in ["multi", "datapath"] {
+            if let Some(m) = old.get(key) {
+                json[key] = m.clone();
+            }
+        }
     }
     std::fs::write(
         out.join("results.json"),

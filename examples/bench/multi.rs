@@ -240,7 +240,7 @@ async fn desired_followers(remotes: &[(String, Client)], ns: &str) -> Res<Vec<Fo
             .filter_map(|(opts, svcs, slices)| {
                 Some(Export {
                     opts,
-                    leader: svcs.get(name)?,
+                    exported: svcs.get(name)?,
                     slices: slices
                         .get(name)
                         .map(|v| v.iter().collect())
@@ -319,7 +319,7 @@ struct Anatomy {
 
 async fn floor_of(west: &Client, ns: &str, want: &[Follower], a: Anatomy) -> Res<f64> {
     let pp = PostParams {
-        field_manager: Some(cross_cluster_controller::writer::FIELD_MANAGER.into()),
+        field_manager: Some(cross_cluster_controller::reconcile::writer::FIELD_MANAGER.into()),
         ..Default::default()
     };
     let (svcs, slices) = (

@@ -6,11 +6,11 @@ use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::meta::{self, StringMap};
-use super::slices::{self, Group, PortKey};
-use super::{
+use super::options::{
     EndpointsMode, MAX_ENDPOINTS_ADDRESSES, OVER_CAPACITY_ANNOTATION, OVER_CAPACITY_TRUNCATED,
     Options, SKIP_MIRROR_LABEL,
 };
+use super::slices::{self, Group, PortKey};
 
 const PROTOCOL_TCP: &str = "TCP";
 
@@ -265,9 +265,9 @@ pub fn endpoints_change(actual: &Endpoints, desired: &Endpoints) -> Option<Endpo
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::*;
-    use super::super::{Follower, follower};
     use super::*;
+    use crate::desired::follower::{Follower, follower};
+    use crate::desired::test_support::*;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use serde_json::{Value, json};
 
@@ -587,7 +587,7 @@ mod tests {
     }
 
     #[test]
-    fn a_label_dropped_by_the_leader_leaves_the_endpoints_too() {
+    fn a_label_dropped_by_the_exported_service_leaves_the_endpoints_too() {
         let remote = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
         let mut tiered = cluster_ip_service();
         let labels = tiered.metadata.labels.get_or_insert_with(Default::default);

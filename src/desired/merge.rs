@@ -1,6 +1,6 @@
 //! One follower for a Service several remotes export (the same namespace/name): the union of
 //! their ports by name and per-remote EndpointSlices, with Service-level conflicts resolved as
-//! the MCS API resolves export conflicts: the oldest leader (creationTimestamp, then cluster
+//! the MCS API resolves export conflicts: the oldest exported Service (creationTimestamp, then cluster
 //! name) wins, and every loser is reported.
 use std::collections::BTreeSet;
 
@@ -8,15 +8,17 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Follower, Options, Skip, endpoints, follower, service, slices};
+use super::follower::{Follower, follower};
+use super::options::{Options, Skip};
+use super::{endpoints, service, slices};
 
-/// One remote's export of the key: its leader and every slice of it.
+/// One remote's export of the key: its exported Service and every slice of it.
 pub struct Export<'a> {
     /// this remote's options (its name and cluster id)
     pub opts: &'a Options,
-    pub leader: &'a Service,
+    pub exported: &'a Service,
     pub slices: Vec<&'a EndpointSlice>,
-    /// the outage policy marks this remote's endpoints not ready (see `crate::outage`)
+    /// the outage policy marks this remote's endpoints not ready (see `crate::remotes::outage`)
     pub stale: bool,
 }
 
@@ -48,7 +50,7 @@ impl ConflictKind {
 pub struct Conflict {
     /// the remote whose export lost
     pub cluster: String,
-    /// the remote whose leader is the oldest
+    /// the remote whose exported Service is the oldest
     pub winner: String,
     pub kind: ConflictKind,
     pub detail: String,
@@ -61,14 +63,14 @@ pub struct Merged {
     pub follower: Option<Follower>,
     /// remotes recorded on the follower: every export mirrored, and the held ones
     pub contributors: BTreeSet<String>,
-    /// remotes whose leader cannot be mirrored, with why (their slices are left as they are)
+    /// remotes whose exported Service cannot be mirrored, with why (their slices are left as they are)
     pub skipped: Vec<(String, Skip)>,
     pub conflicts: Vec<Conflict>,
 }
 
-/// Oldest first; a leader without a creationTimestamp sorts last; ties by cluster name.
+/// Oldest first; an exported Service without a creationTimestamp sorts last; ties by cluster name.
 fn age_key<'a>(e: &'a Export<'_>) -> (bool, Option<&'a Time>, &'a str) {
-    let created = e.leader.metadata.creation_timestamp.as_ref();
+    let created = e.exported.metadata.creation_timestamp.as_ref();
     (created.is_none(), created, e.opts.cluster_name.as_str())
 }
 
@@ -108,7 +110,7 @@ pub fn merge(
     order.sort_by(|a, b| age_key(a.0).cmp(&age_key(b.0)));
     let mut parts: Vec<(&Export<'_>, &[&EndpointSlice], Follower)> = Vec::new();
     for (e, input) in order {
-        match follower(e.leader, input, e.opts) {
+        match follower(e.exported, input, e.opts) {
             Ok(f) => parts.push((e, input, f)),
             Err(skip) => out.skipped.push((e.opts.cluster_name.clone(), skip)),
         }
@@ -327,9 +329,9 @@ fn keep_ports(spec: &mut ServiceSpec, live: &ServiceSpec) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{endpoint, opts, service, slice, web_ports};
-    use super::super::{EndpointsMode, MCS_SOURCE_CLUSTER_LABEL};
     use super::*;
+    use crate::desired::options::{EndpointsMode, MCS_SOURCE_CLUSTER_LABEL};
+    use crate::desired::test_support::{endpoint, opts, service, slice, web_ports};
     use serde_json::{Value, json};
 
     fn remote(name: &str, id: Option<&str>) -> Options {
@@ -341,12 +343,12 @@ mod tests {
 
     fn export<'a>(
         opts: &'a Options,
-        leader: &'a Service,
+        exported: &'a Service,
         slices: Vec<&'a EndpointSlice>,
     ) -> Export<'a> {
         Export {
             opts,
-            leader,
+            exported,
             slices,
             stale: false,
         }
@@ -362,14 +364,14 @@ mod tests {
         )
     }
 
-    fn leader(created: &str, spec: Value) -> Service {
+    fn exported(created: &str, spec: Value) -> Service {
         let mut s = service(spec);
         s.metadata.creation_timestamp = Some(Time(created.parse().unwrap()));
         s
     }
 
     fn web(created: &str) -> Service {
-        leader(
+        exported(
             created,
             json!({"type": "ClusterIP", "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}),
         )
@@ -411,7 +413,7 @@ mod tests {
         assert_eq!(
             annotation(&m, "origin-cluster"),
             "north",
-            "the oldest leader's"
+            "the oldest exported Service's"
         );
         let f = m.follower.unwrap();
         assert_eq!(f.slices.len(), 2);
@@ -430,19 +432,19 @@ mod tests {
     }
 
     #[test]
-    fn ports_are_the_union_by_name_and_the_oldest_leader_wins_a_conflict() {
+    fn ports_are_the_union_by_name_and_the_oldest_exported_service_wins_a_conflict() {
         let (east, north, south) = (
             remote("east", None),
             remote("north", None),
             remote("south", None),
         );
         let a = web("2024-01-01T00:00:00Z");
-        let b = leader(
+        let b = exported(
             "2025-01-01T00:00:00Z",
             json!({"ports": [
             {"name": "http", "port": 81}, {"name": "metrics", "port": 9100}]}),
         );
-        let c = leader(
+        let c = exported(
             "2025-01-01T00:00:00Z",
             json!({"ports": [{"name": "http", "port": 80, "protocol": "UDP"}]}),
         );
@@ -473,7 +475,7 @@ mod tests {
     fn type_and_affinity_conflicts_are_reported_and_endpoints_stay_where_they_fit() {
         let (east, north) = (remote("east", None), remote("north", None));
         let a = web("2024-01-01T00:00:00Z");
-        let b = leader(
+        let b = exported(
             "2025-01-01T00:00:00Z",
             json!({"clusterIP": "None", "sessionAffinity": "ClientIP",
             "ports": [{"name": "http", "port": 80}]}),
@@ -495,7 +497,7 @@ mod tests {
             "north's endpoints still serve the ClusterIP follower"
         );
 
-        let c = leader(
+        let c = exported(
             "2025-01-01T00:00:00Z",
             json!({"sessionAffinity": "ClientIP",
             "ports": [{"name": "http", "port": 80}]}),
@@ -509,7 +511,7 @@ mod tests {
     #[test]
     fn an_external_name_winner_takes_no_endpoints() {
         let (east, north) = (remote("east", None), remote("north", None));
-        let a = leader(
+        let a = exported(
             "2024-01-01T00:00:00Z",
             json!({"type": "ExternalName", "externalName": "db.example.com"}),
         );
@@ -526,7 +528,7 @@ mod tests {
         let east = remote("east", None);
         let a = web("2024-01-01T00:00:00Z");
         let exports = [export(&east, &a, vec![])];
-        let live = leader(
+        let live = exported(
             "2024-01-01T00:00:00Z",
             json!({"ports": [
             {"name": "http", "port": 80}, {"name": "admin", "port": 9000, "nodePort": 30000}]}),

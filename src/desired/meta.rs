@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::{FOLLOWER_VALUE, Options, Recorded, Skip};
+use super::options::{FOLLOWER_VALUE, Options, Recorded, Skip};
 
 /// The API server's limit on the total size of an object's annotation keys and values.
 pub(crate) const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
@@ -23,7 +23,7 @@ pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> Str
 }
 
 /// The annotation recording which label keys we copied from the leader: comma-separated, sorted.
-/// A key listed there and no longer on the leader is removed from the follower; labels others
+/// A key listed there and no longer on the exported Service is removed from the follower; labels others
 /// added locally are not listed, so they are kept.
 pub(crate) fn record_copied_labels(
     annotations: &mut StringMap,
@@ -45,10 +45,10 @@ fn copied_labels_key(desired: &ObjectMeta) -> Option<&str> {
         .as_ref()?
         .keys()
         .map(String::as_str)
-        .find(|k| k.ends_with(super::COPIED_LABELS_SUFFIX))
+        .find(|k| k.ends_with(super::options::COPIED_LABELS_SUFFIX))
 }
 
-/// Labels the live object got from its leader at our last write that the leader has dropped.
+/// Labels the live object got from its exported Service at our last write that the exported Service has dropped.
 fn dropped_labels<'a>(actual: &'a ObjectMeta, desired: &ObjectMeta) -> Vec<&'a str> {
     let Some(record) =
         copied_labels_key(desired).and_then(|key| actual.annotations.as_ref()?.get(key))
@@ -66,14 +66,14 @@ fn dropped_labels<'a>(actual: &'a ObjectMeta, desired: &ObjectMeta) -> Vec<&'a s
 }
 
 /// Whether the live object's labels and annotations are as desired: every desired entry
-/// present, and no label left over that the leader dropped.
+/// present, and no label left over that the exported Service dropped.
 pub(crate) fn metadata_matches(actual: &ObjectMeta, desired: &ObjectMeta) -> bool {
     map_contains(actual.labels.as_ref(), desired.labels.as_ref())
         && map_contains(actual.annotations.as_ref(), desired.annotations.as_ref())
         && dropped_labels(actual, desired).is_empty()
 }
 
-/// Sets the desired labels and annotations on `actual`, removes the labels the leader dropped,
+/// Sets the desired labels and annotations on `actual`, removes the labels the exported Service dropped,
 /// and keeps everything else (what others added locally).
 pub(crate) fn merge_metadata(actual: &mut ObjectMeta, desired: &ObjectMeta) {
     let dropped: Vec<String> = dropped_labels(actual, desired)

@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::Options;
 use super::meta;
+use super::options::Options;
 
 const TYPE_CLUSTER_IP: &str = "ClusterIP";
 const TYPE_EXTERNAL_NAME: &str = "ExternalName";
@@ -242,9 +242,10 @@ pub fn service_change(actual: &Service, desired: &Service) -> ServiceChange {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::*;
-    use super::super::{EndpointsMode, follower};
     use super::*;
+    use crate::desired::follower::follower;
+    use crate::desired::options::EndpointsMode;
+    use crate::desired::test_support::*;
     use serde_json::json;
 
     fn desired_of(remote: &Service) -> Service {
@@ -646,18 +647,21 @@ mod tests {
         }
     }
 
-    /// The leader `labels`, as its follower would be desired.
+    /// The exported Service `labels`, as its follower would be desired.
     fn desired_with_labels(labels: &[(&str, &str)]) -> Service {
-        let mut leader = cluster_ip_service();
-        let l = leader.metadata.labels.get_or_insert_with(Default::default);
+        let mut exported = cluster_ip_service();
+        let l = exported
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default);
         for (k, v) in labels {
             l.insert(k.to_string(), v.to_string());
         }
-        desired_of(&leader)
+        desired_of(&exported)
     }
 
     #[test]
-    fn a_label_dropped_by_the_leader_is_dropped_and_local_labels_stay() {
+    fn a_label_dropped_by_the_exported_service_is_dropped_and_local_labels_stay() {
         let before = desired_with_labels(&[("tier", "gold")]);
         let mut live = as_created(&before);
         // someone adds a label locally
@@ -671,10 +675,10 @@ mod tests {
             ServiceChange::Unchanged,
             "a local label is not a difference"
         );
-        // the leader drops "tier"
+        // the exported Service drops "tier"
         let after = desired_with_labels(&[]);
         let ServiceChange::Update(updated) = service_change(&live, &after) else {
-            panic!("a dropped leader label is a difference");
+            panic!("a dropped exported label is a difference");
         };
         let labels = updated.metadata.labels.as_ref().unwrap();
         assert!(!labels.contains_key("tier"), "{labels:?}");
@@ -690,7 +694,7 @@ mod tests {
     #[test]
     fn a_follower_without_a_record_keeps_its_labels() {
         // written before copied labels were recorded (or by the Go controller): a label the
-        // leader no longer has cannot be told from a local one, so it stays
+        // exported Service no longer has cannot be told from a local one, so it stays
         let mut live = as_created(&desired_with_labels(&[("tier", "gold")]));
         live.metadata
             .annotations

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use sha2::{Digest, Sha256};
 
 use super::meta::{self, StringMap};
-use super::{
+use super::options::{
     FOLLOWER_VALUE, MANAGED_BY, MANAGED_BY_LABEL, MAX_ENDPOINTS_PER_SLICE,
     MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
 };
@@ -337,9 +337,10 @@ pub fn slice_change(actual: &EndpointSlice, desired: &EndpointSlice) -> Option<E
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::*;
-    use super::super::{EndpointsMode, Follower, follower};
     use super::*;
+    use crate::desired::follower::{Follower, follower};
+    use crate::desired::options::EndpointsMode;
+    use crate::desired::test_support::*;
     use k8s_openapi::api::discovery::v1::EndpointConditions;
     use serde_json::{Value, json};
 
@@ -638,7 +639,7 @@ mod tests {
         assert_eq!(labels[SERVICE_NAME_LABEL], "web");
         assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY);
         assert_eq!(labels["fair.com/cross-cluster"], "follower");
-        // The Service keeps the copied labels, with the leader label turned into follower.
+        // The Service keeps the copied labels, with the export label turned into follower.
         let service_labels = f.service.metadata.labels.as_ref().unwrap();
         assert_eq!(service_labels[SERVICE_NAME_LABEL], "spoofed");
         assert_eq!(service_labels["fair.com/cross-cluster"], "follower");
@@ -732,7 +733,7 @@ mod tests {
     }
 
     #[test]
-    fn a_label_dropped_by_the_leader_leaves_the_slices_too() {
+    fn a_label_dropped_by_the_exported_service_leaves_the_slices_too() {
         let remote = slice("web-a", "IPv4", web_ports(), many("10.1", 2));
         let mut tiered = cluster_ip_service();
         let labels = tiered.metadata.labels.get_or_insert_with(Default::default);

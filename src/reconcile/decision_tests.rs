@@ -1,13 +1,13 @@
 //! Reconcile decisions against a mock API server (see `fixtures`): each test states every
 //! request a pass must send, in order; any other request fails it.
 use super::*;
-use crate::cache::Cache;
 use crate::desired::test_support::{cluster_ip_service, endpoint, slice, web_ports};
 use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::fixtures::{
     self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status,
 };
-use crate::reconcile::{LocalState, write};
+use crate::state::LocalState;
+use crate::state::cache::Cache;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -24,13 +24,13 @@ struct Setup {
 
 /// Caches that completed their listings with these objects, and a leading writer.
 fn setup(
-    leaders: Vec<Service>,
+    exported: Vec<Service>,
     remote_slices: Vec<EndpointSlice>,
     local_services: Vec<Service>,
     local_slices: Vec<EndpointSlice>,
 ) -> Setup {
     let remote = RemoteState::new(fixtures::REMOTE, opts(), vec![]);
-    loaded(&remote.services, leaders);
+    loaded(&remote.services, exported);
     loaded(&remote.slices, remote_slices);
     loaded(&remote.foreign_slices, []);
     let local = LocalState::default();
@@ -54,7 +54,7 @@ fn key() -> Key {
     }
 }
 
-/// The follower the leader `cluster_ip_service()` asks for, as JSON.
+/// The follower the exported Service `cluster_ip_service()` asks for, as JSON.
 fn desired_follower() -> Value {
     let f = desired::follower(&cluster_ip_service(), &[], &opts()).unwrap();
     let mut v = serde_json::to_value(&f.service).unwrap();
@@ -146,7 +146,7 @@ async fn a_local_follower_of_another_remote_is_never_written() {
 }
 
 #[tokio::test]
-async fn when_the_leader_is_gone_only_what_is_ours_is_deleted() {
+async fn when_the_exported_service_is_gone_only_what_is_ours_is_deleted() {
     let s = setup(
         vec![],
         vec![],
@@ -178,7 +178,7 @@ async fn when_the_leader_is_gone_only_what_is_ours_is_deleted() {
 }
 
 #[tokio::test]
-async fn a_follower_of_another_remote_is_not_deleted_when_our_leader_is_gone() {
+async fn a_follower_of_another_remote_is_not_deleted_when_our_exported_service_is_gone() {
     let theirs = follower_of_remote_b();
     let s = setup(
         vec![],
@@ -201,14 +201,14 @@ async fn nothing_is_decided_before_every_cache_has_listed() {
         vec![],
     );
     // the local Endpoints watch restarted and has not completed a listing yet
-    *write(&s.ctx.local.endpoints) = Cache::new(crate::cache::by_name::<Endpoints>);
+    *s.ctx.local.endpoints.write() = Cache::new(crate::state::cache::by_name::<Endpoints>);
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {})
         .await
         .unwrap();
     assert_eq!(
         outcome,
         Outcome::NotReady,
-        "an absent leader is not a gone leader until every cache has listed"
+        "an absent exported Service is not a gone one until every cache has listed"
     );
 }
 
@@ -233,7 +233,7 @@ async fn a_409_on_create_of_our_own_follower_updates_the_version_read() {
     .await
     .unwrap();
     assert_eq!(outcome, Outcome::Applied);
-    let cached = read(&s.ctx.local.services).named(&key().group()).unwrap();
+    let cached = s.ctx.local.services.read().named(&key().group()).unwrap();
     assert_eq!(
         cached
             .and_then(|c| c.metadata.resource_version.clone())
@@ -244,7 +244,7 @@ async fn a_409_on_create_of_our_own_follower_updates_the_version_read() {
 }
 
 #[tokio::test]
-async fn a_new_leader_gets_its_service_then_slices_owned_by_the_uid_created() {
+async fn a_new_exported_service_gets_its_service_then_slices_owned_by_the_uid_created() {
     let remote_slice = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
     let s = setup(
         vec![cluster_ip_service()],
@@ -314,7 +314,7 @@ async fn a_missing_namespace_is_reported_not_created_unless_asked() {
     assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
 }
 
-/// Remotes remote-a and remote-b, each `Some(leaders)` (caches listed) or `None` (not listed
+/// Remotes remote-a and remote-b, each `Some(exported Services)` (caches listed) or `None` (not listed
 /// yet), and the local followers.
 fn setup_two(
     a: Option<Vec<Service>>,
@@ -323,12 +323,12 @@ fn setup_two(
     local_services: Vec<Service>,
     local_slices: Vec<EndpointSlice>,
 ) -> Setup {
-    let remote = |name: &str, leaders: Option<Vec<Service>>, slices: Vec<EndpointSlice>| {
+    let remote = |name: &str, exported: Option<Vec<Service>>, slices: Vec<EndpointSlice>| {
         let mut o = opts();
         o.cluster_name = name.to_string();
         let r = RemoteState::new(name, o, vec![]);
-        if let Some(leaders) = leaders {
-            loaded(&r.services, leaders);
+        if let Some(exported) = exported {
+            loaded(&r.services, exported);
             loaded(&r.slices, slices);
             loaded(&r.foreign_slices, []);
         }
@@ -398,7 +398,7 @@ async fn two_remotes_exporting_one_service_make_one_follower_with_a_slice_each()
         );
         assert_eq!(
             ann["fair.com/cross-cluster-origin-cluster"], "remote-b",
-            "the oldest leader's"
+            "the oldest exported Service's"
         );
         let sent = s
             .api
@@ -422,7 +422,7 @@ async fn two_remotes_exporting_one_service_make_one_follower_with_a_slice_each()
 }
 
 #[tokio::test]
-async fn a_remote_that_proves_its_leader_gone_takes_only_its_own_slices() {
+async fn a_remote_that_proves_its_exported_service_gone_takes_only_its_own_slices() {
     let s = setup_two(
         Some(vec![cluster_ip_service()]),
         Some(vec![]),
@@ -464,7 +464,7 @@ async fn a_remote_not_listed_yet_keeps_its_slices_and_the_service() {
         ],
     );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
-        // remote-a proved its leader gone: its slice goes; nothing of remote-b's, no Service
+        // remote-a proved its exported Service gone: its slice goes; nothing of remote-b's, no Service
         s.api
             .expect(delete(&format!("{SLICES}/web-a")), gone())
             .await;
@@ -516,8 +516,12 @@ async fn a_retired_remote_counts_as_proof() {
 fn dry_run(mut s: Setup, create_namespaces: bool) -> Setup {
     let metrics = Arc::clone(&s.ctx.metrics);
     let client = s.ctx.writer.client().clone();
-    s.ctx.writer =
-        crate::writer::Writer::new(client, crate::lease::Leadership::assumed(), true, metrics);
+    s.ctx.writer = crate::reconcile::writer::Writer::new(
+        client,
+        crate::runtime::lease::Leadership::assumed(),
+        true,
+        metrics,
+    );
     s.ctx.create_namespaces = create_namespaces;
     s
 }
@@ -614,7 +618,7 @@ async fn a_dry_run_would_update_and_delete_but_sends_neither() {
         .unwrap();
     assert_eq!(outcome, Outcome::Applied);
 
-    // the leader gone: the follower would be deleted
+    // the exported Service gone: the follower would be deleted
     let s = dry_run(
         setup(
             vec![],

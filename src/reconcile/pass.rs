@@ -2,11 +2,11 @@
 //! merge the exports into one desired follower (pure), and bring the local cluster to it through
 //! the writer, touching only objects we own.
 //!
-//! Each remote is, for this key, one of: exporting it (its caches have the leader), proven
+//! Each remote is, for this key, one of: exporting it (its caches have the exported Service), proven
 //! without it (its caches completed a listing that lacks it, or it was deliberately removed), or
 //! unknown (not listed yet, or a remote the follower records that this daemon does not read).
 //! A remote's slices go only on proof from that remote; the Service only once every remote it
-//! records has proven the leader absent.
+//! records has proven the exported Service absent.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -16,19 +16,22 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::{Ctx, Key, NAMESPACE_MISSING, Outcome, RemoteState, read};
+use super::ctx::{Ctx, Key};
+use super::proof::{Evidence, Proof};
+use super::writer::Written;
 use crate::desired::{
     self, Export, Follower, Merged, Recorded, ServiceChange, endpoints_change, recorded,
     service_change, set_slice_owner, slice_change, slice_recorded,
 };
+use crate::desired::{NAMESPACE_MISSING, Outcome};
 use crate::error::{Error, Result};
-use crate::metrics::labels;
-use crate::writer::Written;
+use crate::runtime::metrics::ByOutcome;
+use crate::state::RemoteState;
 
 /// One remote's knowledge of a key.
 enum View {
     Exports {
-        leader: Arc<Service>,
+        exported: Arc<Service>,
         slices: Vec<Arc<EndpointSlice>>,
         /// the outage policy marks its endpoints not ready
         stale: bool,
@@ -45,50 +48,18 @@ struct Snapshot {
     endpoints: Option<Arc<Endpoints>>,
 }
 
-/// Which remotes a pass may act for.
-struct Scope {
-    /// members of the registry and remotes removed on purpose: a follower recording one of
-    /// them is ours
-    known: BTreeSet<String>,
-    /// remotes whose objects are left exactly as they are: not listed yet, not read by this
-    /// daemon, or whose leader cannot be mirrored
-    keep: BTreeSet<String>,
-}
-
-impl Scope {
-    fn owns(&self, r: &Recorded) -> bool {
-        match r {
-            Recorded::NotOurs => false,
-            Recorded::GoEra => true,
-            Recorded::From(set) => set.iter().any(|c| self.known.contains(c)),
-        }
-    }
-
-    /// A slice we may update or delete: ours, and not of a remote whose objects are kept.
-    fn may_change_slice(&self, s: &EndpointSlice, ctx: &Ctx) -> bool {
-        match slice_recorded(&s.metadata, &ctx.opts) {
-            Recorded::NotOurs => false,
-            Recorded::GoEra => true,
-            Recorded::From(set) => {
-                set.iter().any(|c| self.known.contains(c))
-                    && !set.iter().any(|c| self.keep.contains(c))
-            }
-        }
-    }
-}
-
 impl Ctx {
     /// A cached object that cannot be read back fails the pass (retried, nothing deleted): an
-    /// unreadable leader must never look like a missing one.
-    fn snapshot(&self, g: &crate::cache::GroupKey) -> Result<Snapshot> {
+    /// unreadable exported Service must never look like a missing one.
+    fn snapshot(&self, g: &crate::state::cache::GroupKey) -> Result<Snapshot> {
         let mut remotes = Vec::new();
         for state in self.remotes.states() {
             let view = if !state.ready() {
                 View::Unknown
             } else {
-                match read(&state.services).named(g)? {
-                    Some(leader) => View::Exports {
-                        leader,
+                match state.services.read().named(g)? {
+                    Some(exported) => View::Exports {
+                        exported,
                         slices: state.slices_of(g)?,
                         stale: state.is_marked(),
                     },
@@ -99,38 +70,24 @@ impl Ctx {
         }
         Ok(Snapshot {
             remotes,
-            service: read(&self.local.services).named(g)?,
-            slices: read(&self.local.slices).group(g)?,
-            endpoints: read(&self.local.endpoints).named(g)?,
+            service: self.local.services.read().named(g)?,
+            slices: self.local.slices.read().group(g)?,
+            endpoints: self.local.endpoints.read().named(g)?,
         })
     }
 
-    fn scope(&self, snap: &Snapshot, recorded_service: &Recorded) -> Scope {
-        let retired = self.remotes.retired();
-        let mut known: BTreeSet<String> = retired.clone();
-        let mut keep = BTreeSet::new();
-        for (state, view) in &snap.remotes {
-            known.insert(state.name.to_string());
-            if matches!(view, View::Unknown) {
-                keep.insert(state.name.to_string());
-            }
-        }
-        // what the follower and its slices record but this daemon does not read (nor removed)
-        let mut recorded_names: Vec<String> = match recorded_service {
-            Recorded::From(set) => set.iter().cloned().collect(),
-            _ => Vec::new(),
-        };
-        for s in &snap.slices {
-            if let Recorded::From(set) = slice_recorded(&s.metadata, &self.opts) {
-                recorded_names.extend(set);
-            }
-        }
-        for name in recorded_names {
-            if !known.contains(&name) {
-                keep.insert(name);
-            }
-        }
-        Scope { known, keep }
+    /// What each remote proves about the key: from its cache (complete or not), or from its
+    /// removal on purpose.
+    fn proof(&self, snap: &Snapshot) -> Proof {
+        let read = snap.remotes.iter().map(|(state, view)| {
+            let evidence = match view {
+                View::Exports { .. } => Evidence::Exports,
+                View::Absent => Evidence::Gone,
+                View::Unknown => Evidence::Unknown,
+            };
+            (state.name.to_string(), evidence)
+        });
+        Proof::new(read, &self.remotes.retired())
     }
 }
 
@@ -138,7 +95,7 @@ fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
     o.meta()
         .uid
         .clone()
-        .ok_or_else(|| Error::Config(format!("{} {} has no uid", K::kind(&()), o.name_any())))
+        .ok_or_else(|| Error::Unexpected(format!("{} {} has no uid", K::kind(&()), o.name_any())))
 }
 
 fn service_ref(key: &Key) -> ObjectReference {
@@ -164,26 +121,31 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         .service
         .as_ref()
         .map_or(Recorded::GoEra, |s| recorded(&s.metadata, &ctx.opts));
-    let mut scope = ctx.scope(&snap, &recorded_service);
+    let mut proof = ctx.proof(&snap);
     let exports: Vec<Export<'_>> = snap
         .remotes
         .iter()
         .filter_map(|(state, view)| match view {
             View::Exports {
-                leader,
+                exported,
                 slices,
                 stale,
             } => Some(Export {
                 opts: &state.opts,
-                leader,
+                exported,
                 slices: slices.iter().map(Arc::as_ref).collect(),
                 stale: *stale,
             }),
             _ => None,
         })
         .collect();
+    // recorded remotes without a complete listing: what they gave is kept as it is
     let held: BTreeSet<String> = match &recorded_service {
-        Recorded::From(set) => set.intersection(&scope.keep).cloned().collect(),
+        Recorded::From(set) => set
+            .iter()
+            .filter(|c| !matches!(proof.of(c), Some(Evidence::Exports | Evidence::Gone)))
+            .cloned()
+            .collect(),
         _ => BTreeSet::new(),
     };
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
@@ -191,13 +153,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     for (cluster, skip) in std::mem::take(&mut merged.skipped) {
         ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
             .await;
-        scope.keep.insert(cluster.clone());
+        proof.hold(&cluster);
         if recorded_service.names(&cluster) {
-            // a recorded remote whose leader cannot be mirrored now stays recorded
+            // a recorded remote whose exported Service cannot be mirrored now stays recorded
             merged.contributors.insert(cluster);
         }
     }
-    let outcome = if snap.service.is_some() && !scope.owns(&recorded_service) {
+    let outcome = if snap.service.is_some() && !proof.owns(&recorded_service) {
         match &merged.follower {
             Some(f) => {
                 let winner = origin_of(&f.service, ctx);
@@ -211,21 +173,21 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         match merged.follower.take() {
             Some(mut f) => {
                 record_contributors(&mut f, &merged.contributors, ctx);
-                apply_follower(ctx, key, &snap, &scope, !held.is_empty(), f).await?
+                apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await?
             }
-            None => remove(ctx, key, &snap, &scope, &recorded_service).await?,
+            None => remove(ctx, key, &snap, &proof, &recorded_service).await?,
         }
     };
     ctx.metrics
         .reconciles
-        .get_or_create(&labels([("outcome", outcome.label())]))
+        .get_or_create(&ByOutcome::new(outcome.label()))
         .inc();
     Ok(outcome)
 }
 
-/// The remote a follower's Service-level fields come from (its oldest leader).
-fn origin_of(svc: &Service, ctx: &Ctx) -> String {
-    svc.annotations()
+/// The remote a follower's Service-level fields come from (its oldest exported Service).
+fn origin_of<K: ResourceExt>(obj: &K, ctx: &Ctx) -> String {
+    obj.annotations()
         .get(&ctx.opts.origin_cluster_annotation())
         .cloned()
         .unwrap_or_default()
@@ -255,44 +217,53 @@ async fn remove(
     ctx: &Ctx,
     key: &Key,
     snap: &Snapshot,
-    scope: &Scope,
+    proof: &Proof,
     recorded_service: &Recorded,
 ) -> Result<Outcome> {
     let ns = &key.namespace;
     let mut deleted = false;
-    for s in snap
+    let slice_records: Vec<Recorded> = snap
         .slices
         .iter()
-        .filter(|s| scope.may_change_slice(s, ctx))
-    {
-        ctx.writer
-            .delete::<EndpointSlice>(ns, &s.name_any(), &uid_of(s.as_ref())?, "leader gone")
-            .await?;
-        deleted = true;
-    }
-    // a follower the Go controller left names no remote: any unlisted remote may export it
-    let undecided = match recorded_service {
-        Recorded::From(set) => set.iter().any(|c| scope.keep.contains(c)),
-        _ => !scope.keep.is_empty(),
-    };
-    if !undecided {
-        if let Some(ep) = snap
-            .endpoints
-            .as_ref()
-            .filter(|e| scope.owns(&recorded(&e.metadata, &ctx.opts)))
-        {
+        .map(|s| slice_recorded(&s.metadata, &ctx.opts))
+        .collect();
+    for (s, r) in snap.slices.iter().zip(&slice_records) {
+        if proof.slice_may_go(r) {
             ctx.writer
-                .delete::<Endpoints>(ns, &ep.name_any(), &uid_of(ep.as_ref())?, "leader gone")
+                .delete::<EndpointSlice>(
+                    ns,
+                    &s.name_any(),
+                    &uid_of(s.as_ref())?,
+                    "exported Service gone",
+                )
                 .await?;
             deleted = true;
         }
-        if let Some(svc) = snap
-            .service
+    }
+    if proof.service_may_go(recorded_service, &slice_records) {
+        if let Some(ep) = snap
+            .endpoints
             .as_ref()
-            .filter(|_| scope.owns(recorded_service))
+            .filter(|e| proof.owns(&recorded(&e.metadata, &ctx.opts)))
         {
             ctx.writer
-                .delete::<Service>(ns, &svc.name_any(), &uid_of(svc.as_ref())?, "leader gone")
+                .delete::<Endpoints>(
+                    ns,
+                    &ep.name_any(),
+                    &uid_of(ep.as_ref())?,
+                    "exported Service gone",
+                )
+                .await?;
+            deleted = true;
+        }
+        if let Some(svc) = &snap.service {
+            ctx.writer
+                .delete::<Service>(
+                    ns,
+                    &svc.name_any(),
+                    &uid_of(svc.as_ref())?,
+                    "exported Service gone",
+                )
                 .await?;
             deleted = true;
             ctx.forget_conflicts(key);
@@ -317,7 +288,7 @@ enum ServiceState {
 async fn ensure_service(
     ctx: &Ctx,
     key: &Key,
-    scope: &Scope,
+    proof: &Proof,
     actual: Option<Service>,
     desired: &Service,
 ) -> Result<ServiceState> {
@@ -351,7 +322,7 @@ async fn ensure_service(
             }
         };
         let r = recorded(&live.metadata, &ctx.opts);
-        if !scope.owns(&r) {
+        if !proof.owns(&r) {
             let winner = origin_of(desired, ctx);
             return Ok(ServiceState::Done(
                 ctx.conflict(key, &winner, "Service", live.object_ref(&()))
@@ -390,7 +361,7 @@ async fn ensure_service(
             }
         }
     }
-    Err(Error::Config(format!(
+    Err(Error::Retry(format!(
         "{key}: the follower Service kept changing under us"
     )))
 }
@@ -424,7 +395,7 @@ async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<Service
             Err(e) => return Err(e),
         }
         // retried by the caller's back-off, now that the namespace exists
-        return Err(Error::Config(format!(
+        return Err(Error::Retry(format!(
             "namespace {} was just created",
             key.namespace
         )));
@@ -442,17 +413,17 @@ async fn apply_follower(
     ctx: &Ctx,
     key: &Key,
     snap: &Snapshot,
-    scope: &Scope,
+    proof: &Proof,
     held: bool,
     mut f: Follower,
 ) -> Result<Outcome> {
     let actual = snap.service.as_deref().cloned();
-    let (uid, mut changed) = match ensure_service(ctx, key, scope, actual, &f.service).await? {
+    let (uid, mut changed) = match ensure_service(ctx, key, proof, actual, &f.service).await? {
         ServiceState::Ready { uid, changed } => (uid, changed),
         ServiceState::Done(outcome) => return Ok(outcome),
     };
     set_slice_owner(&mut f.slices, &key.name, &uid);
-    match apply_slices(ctx, key, snap, scope, &f.slices).await? {
+    match apply_slices(ctx, key, snap, proof, &f.slices).await? {
         Some(c) => changed |= c,
         None => return Ok(Outcome::Conflict),
     }
@@ -461,9 +432,9 @@ async fn apply_follower(
     let have_ep = snap
         .endpoints
         .as_deref()
-        .filter(|e| scope.owns(&recorded(&e.metadata, &ctx.opts)));
+        .filter(|e| proof.owns(&recorded(&e.metadata, &ctx.opts)));
     if !(held && have_ep.is_some()) {
-        match apply_endpoints(ctx, key, scope, f.endpoints.as_ref(), have_ep).await? {
+        match apply_endpoints(ctx, key, proof, f.endpoints.as_ref(), have_ep).await? {
             Some(c) => changed |= c,
             None => return Ok(Outcome::Conflict),
         }
@@ -481,7 +452,7 @@ async fn apply_slices(
     ctx: &Ctx,
     key: &Key,
     snap: &Snapshot,
-    scope: &Scope,
+    proof: &Proof,
     want: &[EndpointSlice],
 ) -> Result<Option<bool>> {
     let ns = &key.namespace;
@@ -489,7 +460,7 @@ async fn apply_slices(
     let mut ours: BTreeMap<String, Arc<EndpointSlice>> = snap
         .slices
         .iter()
-        .filter(|s| scope.may_change_slice(s, ctx))
+        .filter(|s| proof.may_change_slice(&slice_recorded(&s.metadata, &ctx.opts)))
         .map(|s| (s.name_any(), Arc::clone(s)))
         .collect();
     for want in want {
@@ -509,7 +480,7 @@ async fn apply_slices(
                         return Err(e);
                     };
                     if slice_recorded(&live.metadata, &ctx.opts) == Recorded::NotOurs {
-                        let winner = origin_of_slice(want, ctx);
+                        let winner = origin_of(want, ctx);
                         ctx.conflict(key, &winner, "EndpointSlice", live.object_ref(&()))
                             .await;
                         return Ok(None);
@@ -532,18 +503,11 @@ async fn apply_slices(
     Ok(Some(changed))
 }
 
-fn origin_of_slice(s: &EndpointSlice, ctx: &Ctx) -> String {
-    s.annotations()
-        .get(&ctx.opts.origin_cluster_annotation())
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// The legacy core/v1 Endpoints. None: a conflict stopped the pass.
 async fn apply_endpoints(
     ctx: &Ctx,
     key: &Key,
-    scope: &Scope,
+    proof: &Proof,
     want: Option<&Endpoints>,
     have: Option<&Endpoints>,
 ) -> Result<Option<bool>> {
@@ -562,8 +526,8 @@ async fn apply_endpoints(
                 let Some(live) = ctx.writer.get::<Endpoints>(ns, &key.name).await? else {
                     return Err(e);
                 };
-                if !scope.owns(&recorded(&live.metadata, &ctx.opts)) {
-                    let winner = origin_of_endpoints(want, ctx);
+                if !proof.owns(&recorded(&live.metadata, &ctx.opts)) {
+                    let winner = origin_of(want, ctx);
                     ctx.conflict(key, &winner, "Endpoints", live.object_ref(&()))
                         .await;
                     return Ok(None);
@@ -586,13 +550,6 @@ async fn apply_endpoints(
     }
 }
 
-fn origin_of_endpoints(e: &Endpoints, ctx: &Ctx) -> String {
-    e.annotations()
-        .get(&ctx.opts.origin_cluster_annotation())
-        .cloned()
-        .unwrap_or_default()
-}
-
 impl Ctx {
     /// Records the export conflicts of a key (for the gauge) and reports them: a log line when
     /// they change, and a `ServiceConflict` Event on the follower (rate-limited).
@@ -603,10 +560,7 @@ impl Ctx {
             .map(|c| (c.cluster.clone(), c.kind.label()))
             .collect();
         let before = {
-            let mut map = self
-                .export_conflicts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut map = self.export_conflicts.lock();
             if now.is_empty() {
                 map.remove(&key.group())
             } else {
@@ -621,7 +575,7 @@ impl Ctx {
             .iter()
             .map(|c| {
                 format!(
-                    "{}'s export conflicts with {}'s on {} ({}); the oldest leader wins",
+                    "{}'s export conflicts with {}'s on {} ({}); the oldest exported Service wins",
                     c.cluster,
                     c.winner,
                     c.kind.label(),
@@ -644,10 +598,7 @@ impl Ctx {
     }
 
     fn forget_conflicts(&self, key: &Key) {
-        self.export_conflicts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key.group());
+        self.export_conflicts.lock().remove(&key.group());
     }
 }
 

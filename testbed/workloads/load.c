@@ -1,17 +1,26 @@
 /* The bed's load client (testbed/workloads, image testbed.invalid/load).
  *   load get URL          one GET (curl-like, for kubectl exec): prints the body, exits 0 on a
  *                         2xx answer; otherwise one line "load: <URL>: <why>" on stderr, exit 1
- *   load run URL [RATE]   RATE requests a second (default 10) until killed, each on a new
- *                         connection whose host name is resolved anew (the pod's resolv.conf),
- *                         one stdout line per request, for a test to parse from the pod's logs:
- *                           <unix ms> ok <status> <first line of the body>
- *                           <unix ms> fail <why>
+ *   load run URL [RATE]   RATE requests a second (default 10) until killed, each started on
+ *                         schedule on a thread of its own (open loop: a slow answer delays no
+ *                         other request), each on a new connection whose host name is
+ *                         resolved anew (the pod's resolv.conf),
+ *                         one stdout line per request as it ends, for a test to parse from the
+ *                         pod's logs (seq: the request's number from 0, in the order they
+ *                         began; sent: when it began, unix ms; took: ms until its answer or
+ *                         failure, name resolution included):
+ *                           <seq> <sent> <took> ok <status> <first line of the body>
+ *                           <seq> <sent> <took> fail <why>
+ *                         Lines come in the order requests end: every request begun before a
+ *                         time T has its line once every seq below that of a line sent at or
+ *                         after T is there.
  *   load idle             waits until killed (a pod to `kubectl exec` into)
  * URL is http://HOST[:PORT][/PATH]; connect and answer each have a 2 s deadline. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,10 +99,10 @@ static int get(const struct url *u, char *body, size_t bn, char *why, size_t wn)
     return -1;
   }
   size_t got = 0;
-  ssize_t r;
+  ssize_t r = 0;
   while (got < sizeof buf - 1 && (r = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0)
     got += (size_t)r;
-  int e = errno;
+  int e = r < 0 ? errno : 0; /* errno is stale (EINPROGRESS of the connect) after an orderly close */
   close(fd);
   buf[got] = 0;
   int code;
@@ -112,16 +121,49 @@ static long long unix_ms(void) {
   return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-static void run(const struct url *u, double rate) {
+/* one request of `run`, on a thread of its own */
+struct shot {
+  const struct url *u;
+  long long seq, sent;
+};
+
+static void *fire(void *arg) {
+  struct shot *s = arg;
   char body[4096], why[512];
+  int code = get(s->u, body, sizeof body, why, sizeof why);
+  long long took = unix_ms() - s->sent;
+  body[strcspn(body, "\r\n")] = 0;
+  /* one printf per record: stdio locks the stream, so lines of threads never mix */
+  if (code >= 0) printf("%lld %lld %lld ok %d %s\n", s->seq, s->sent, took, code, body);
+  else printf("%lld %lld %lld fail %s\n", s->seq, s->sent, took, why);
+  free(s);
+  return NULL;
+}
+
+/* Open loop: each request starts on its own thread at its scheduled time, whatever the ones
+ * before it are doing, so a request that hangs until its deadline delays no other and the
+ * count sent in a window is RATE x its length (a client that waited for each answer would send
+ * fewer requests exactly when the path is broken). */
+static void run(const struct url *u, double rate) {
   struct timespec next;
   clock_gettime(CLOCK_MONOTONIC, &next);
   long step = (long)(1e9 / rate);
-  for (;;) {
-    int code = get(u, body, sizeof body, why, sizeof why);
-    body[strcspn(body, "\r\n")] = 0;
-    if (code >= 0) printf("%lld ok %d %s\n", unix_ms(), code, body);
-    else printf("%lld fail %s\n", unix_ms(), why);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  for (long long seq = 0;; seq++) {
+    struct shot *s = malloc(sizeof *s);
+    pthread_t t;
+    if (s) {
+      s->u = u;
+      s->seq = seq;
+      s->sent = unix_ms();
+    }
+    if (!s || pthread_create(&t, &attr, fire, s) != 0) {
+      printf("%lld %lld 0 fail client: cannot start a request\n", seq, unix_ms());
+      free(s);
+    }
     next.tv_nsec += step;
     while (next.tv_nsec >= 1000000000L) {
       next.tv_nsec -= 1000000000L;

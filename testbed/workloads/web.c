@@ -1,6 +1,10 @@
 /* The bed's web server (testbed/workloads, image testbed.invalid/web): `web [PORT]` listens on
  * every address of its pod (default port 8080) and answers
- *   GET /ready  200 "ready" while serving, 503 once terminating (the readiness probe);
+ *   GET /ready  200 "ready" while serving, 503 once terminating or switched off (the readiness
+ *               probe);
+ *   GET /readiness/off, /readiness/on
+ *               200: /ready answers 503 from now on (or 200 again, unless terminating); the
+ *               data-path benchmark flips a pod's readiness this way (tests/bench_datapath.rs);
  *   anything    200 "pod=<POD_NAME> cluster=<CLUSTER> path=<PATH>\n" (env from the pod spec).
  * Graceful termination, like a preStop hook: after SIGTERM it reports not ready but keeps
  * serving for GRACE_SECONDS (default 5), then exits 0. One connection at a time, HTTP/1.0,
@@ -19,6 +23,7 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t term;
+static int unready; /* switched off by GET /readiness/off */
 
 static void on_term(int sig) {
   (void)sig;
@@ -46,8 +51,13 @@ static void answer(int fd, int terminating) {
   sscanf(req, "%*s %255s", path);
   int code = 200;
   if (strcmp(path, "/ready") == 0) {
-    code = terminating ? 503 : 200;
-    snprintf(body, sizeof body, "%s\n", terminating ? "terminating" : "ready");
+    code = terminating || unready ? 503 : 200;
+    snprintf(body, sizeof body, "%s\n",
+             terminating ? "terminating" : unready ? "switched off" : "ready");
+  } else if (strcmp(path, "/readiness/off") == 0 || strcmp(path, "/readiness/on") == 0) {
+    unready = strcmp(path, "/readiness/off") == 0;
+    printf("web: readiness %s\n", unready ? "off" : "on");
+    snprintf(body, sizeof body, "readiness %s\n", unready ? "off" : "on");
   } else {
     snprintf(body, sizeof body, "pod=%s cluster=%s path=%s\n", env_or("POD_NAME", "?"),
              env_or("CLUSTER", "?"), path);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::metrics::{FOLLOWER_KINDS, family_total, series_text, series_value, sum_of, writes_of};
 use super::{LOCAL, REMOTE, bed, eventually};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cross-cluster-controller");
@@ -161,37 +162,55 @@ impl Daemon {
         self.get("/readyz")
     }
 
-    /// Sum of the samples of a metric whose line contains every one of `filters`. Panics when the
-    /// scrape fails or the daemon publishes no such metric family (a renamed metric must not
+    /// The value of the series `name` with exactly `labels` (its whole label set). Panics when
+    /// the scrape fails or the series is not on the page (a renamed metric or label must not
     /// read as 0).
-    pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
-        metric_value(&self.metrics(), name, filters).unwrap_or_else(|e| panic!("{e}"))
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        series_value(&self.metrics(), name, labels).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Writes of followers (Services, EndpointSlices, Endpoints) whose line holds every filter:
-    /// what "no write" means for mirroring (`xcc_writes_total` also counts the health Leases,
-    /// renewed on a timer, Namespaces and Events).
-    pub fn follower_writes(&self, filters: &[&str]) -> f64 {
-        ["Service", "EndpointSlice", "Endpoints"]
-            .iter()
-            .map(|k| {
-                let kind = format!("kind=\"{k}\"");
-                let all: Vec<&str> = filters.iter().copied().chain([kind.as_str()]).collect();
-                self.metric("xcc_writes_total", &all)
-            })
-            .sum()
+    /// Every write the daemon counted (`xcc_writes_total`, any kind and verb): for "nothing was
+    /// written at all". Panics when the family is not published.
+    pub fn writes_total(&self) -> f64 {
+        self.family_total("xcc_writes_total")
     }
 
-    /// Waits until a counter reaches `at_least` (the daemon counts a write just after the API
-    /// server answers it, so a test that saw the write's effect must still wait for the count).
-    pub async fn wait_metric(&self, name: &str, filters: &[&str], at_least: f64) -> f64 {
+    /// Every series of `name` summed, whatever their labels: for "none at all" (every series
+    /// counts, so a renamed label cannot hide one). Panics when the family is not published.
+    pub fn family_total(&self, name: &str) -> f64 {
+        family_total(&self.metrics(), name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Writes of followers (Services, EndpointSlices, Endpoints) with the given verbs, summed
+    /// over the exact series `{kind, verb}`, each of which must be published: what "no write"
+    /// means for mirroring (`xcc_writes_total` also counts the health Leases, renewed on a
+    /// timer, Namespaces and Events).
+    pub fn follower_writes(&self, verbs: &[&str]) -> f64 {
+        self.writes(&FOLLOWER_KINDS, verbs)
+    }
+
+    /// Writes of `kinds` x `verbs`, summed over those exact series, each of which must be
+    /// published.
+    pub fn writes(&self, kinds: &[&str], verbs: &[&str]) -> f64 {
+        sum_of(
+            &self.metrics(),
+            "xcc_writes_total",
+            &writes_of(kinds, verbs),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits until the series `name{labels}` reaches `at_least` (the daemon counts a write just
+    /// after the API server answers it, so a test that saw the write's effect must still wait
+    /// for the count). A series absent from the page never satisfies it.
+    pub async fn wait_metric(&self, name: &str, labels: &[(&str, &str)], at_least: f64) -> f64 {
         eventually(
-            &format!("{name}{filters:?} >= {at_least}"),
+            &format!("{} >= {at_least}", series_text(name, labels)),
             Duration::from_secs(60),
             || async {
                 let v = self
                     .try_metrics()
-                    .and_then(|text| metric_value(&text, name, filters));
+                    .and_then(|text| series_value(&text, name, labels));
                 match v {
                     Ok(v) if v >= at_least => Ok(v),
                     Ok(v) => Err(format!("{v}\n{}", self.logs())),
@@ -202,26 +221,50 @@ impl Daemon {
         .await
     }
 
-    /// The value of a gauge, None while the daemon does not publish it.
-    pub fn gauge(&self, name: &str, filters: &[&str]) -> Option<f64> {
-        gauge_value(&self.metrics(), name, filters)
+    /// The value of the series `name{labels}`, None while the daemon does not publish it (for a
+    /// gauge whose absence means something: a remote not joined, an expiry not known).
+    pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        series_value(&self.metrics(), name, labels).ok()
     }
 
-    /// Waits until the daemon is leader with complete caches and has finished its first sweep.
-    pub async fn wait_synced(&self) {
+    /// Waits until the daemon's caches of each of `remotes` and of the local followers are
+    /// complete, judged from /readyz per remote (200, and a line `remote <name>: synced` for
+    /// each), and each of them has finished a sweep (`xcc_sweeps_total{remote,outcome="done"}`
+    /// at least 1: only the leader, or a dry run acting as one, sweeps). A remote that is not
+    /// synced, or whose sweep listing failed, does not satisfy it for another.
+    pub async fn wait_synced(&self, remotes: &[&str]) {
+        assert!(
+            !remotes.is_empty(),
+            "wait_synced needs the remotes to wait for"
+        );
         eventually(
-            "the daemon to lead, sync its caches and finish a first sweep",
+            &format!("the daemon to sync {remotes:?} and the local followers and sweep each"),
             Duration::from_secs(30),
             || async {
                 if let Some(status) = self.exited() {
                     return Err(format!("daemon exited ({status}):\n{}", self.logs()));
                 }
-                let logs = self.logs();
-                if logs.contains("sweep done") && logs.contains("caches synced") {
-                    Ok(())
-                } else {
-                    Err(logs)
+                let (code, body) = self.readyz()?;
+                let lines: Vec<&str> = body.lines().collect();
+                let unsynced: Vec<&&str> = remotes
+                    .iter()
+                    .filter(|r| !lines.contains(&format!("remote {r}: synced").as_str()))
+                    .collect();
+                if code != 200 || !unsynced.is_empty() {
+                    return Err(format!("/readyz {code}, not synced {unsynced:?}:\n{body}"));
                 }
+                let text = self.try_metrics()?;
+                for r in remotes {
+                    let done = series_value(
+                        &text,
+                        "xcc_sweeps_total",
+                        &[("remote", r), ("outcome", "done")],
+                    )?;
+                    if done < 1.0 {
+                        return Err(format!("no sweep of {r} done yet"));
+                    }
+                }
+                Ok(())
             },
         )
         .await
@@ -254,16 +297,18 @@ impl Daemon {
         stat.contains(") Z ").then(|| "exited".to_string())
     }
 
-    /// Peak resident memory (VmHWM) of the process, in MiB.
+    /// Peak resident memory (VmHWM) of the running process, in MiB; panics when it cannot be
+    /// read (a bound on it must not pass on a 0 read from nowhere).
     pub fn peak_mib(&self) -> f64 {
-        let pid = self.child.as_ref().map(|c| c.id()).unwrap_or(0);
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
+        let pid = self.child.as_ref().expect("the daemon runs").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+        status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
             .map(|kb| kb / 1024.0)
-            .unwrap_or(0.0)
+            .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status:\n{status}"))
     }
 
     /// SIGKILL, no goodbye (a crash).
@@ -313,7 +358,7 @@ pub fn http_get_at(
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+        .ok_or_else(|| format!("{ip}:{port}{path}: no HTTP status in {body:?}"))?;
     let text = body
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
@@ -332,46 +377,6 @@ impl Drop for Daemon {
             );
         }
     }
-}
-
-fn samples<'a>(
-    text: &'a str,
-    name: &'a str,
-    filters: &'a [&str],
-) -> impl Iterator<Item = f64> + 'a {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(move |l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| filters.iter().all(|f| l.contains(f)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-}
-
-/// The family a sample name belongs to (prometheus-client exposes a counter `x` as samples
-/// `x_total`; the API server names the family `x_total` itself).
-fn family_of(name: &str) -> &str {
-    name.strip_suffix("_total").unwrap_or(name)
-}
-
-/// Sum of a metric's samples. A labelled counter never incremented has no sample and counts as 0,
-/// but only when its family is published (`# TYPE <family> ...`); an absent family is an error.
-pub fn metric_value(text: &str, name: &str, filters: &[&str]) -> Result<f64, String> {
-    let family = family_of(name);
-    let published = text.lines().any(|l| {
-        l.strip_prefix("# TYPE ")
-            .and_then(|rest| rest.split(' ').next())
-            .is_some_and(|f| f == family || f == name)
-    });
-    if !published {
-        return Err(format!(
-            "the daemon publishes no metric family {family} (renamed, or a page that is not the daemon's):\n{text}"
-        ));
-    }
-    Ok(samples(text, name, filters).fold(0.0, |a, b| a + b))
-}
-
-/// One gauge sample; absence is not zero.
-pub fn gauge_value(text: &str, name: &str, filters: &[&str]) -> Option<f64> {
-    samples(text, name, filters).next()
 }
 
 /// Runs the binary to completion (for start-up failures) and returns (exit code, output).

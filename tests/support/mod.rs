@@ -5,10 +5,16 @@
 pub mod catcher;
 pub mod daemon;
 pub mod fault;
+pub mod metrics;
 pub mod node;
+pub mod objects;
 pub mod proxy;
 pub mod remotes;
 pub mod tools;
+pub mod traffic;
+
+#[allow(unused_imports)] // each test binary uses a different part
+pub use objects::{KEY, endpoint, exported, exported_with, remote_slice, remote_slice_with};
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -63,43 +63,20 @@ pub async fn apply_secret(api: &Api<Secret>, s: &Secret) {
     .unwrap_or_else(|e| panic!("apply Secret {name}: {e}"));
 }
 
-/// A leader Service (`fair.com/cross-cluster=true`) with one port named http.
-pub fn leader(name: &str, port: i32) -> k8s_openapi::api::core::v1::Service {
-    obj(
-        json!({"metadata": {"name": name, "labels": {"fair.com/cross-cluster": "true"}},
-               "spec": {"ports": [{"name": "http", "port": port}]}}),
-    )
-}
-
-/// A remote slice of `svc` as the remote cluster's EndpointSlice controller writes it.
-pub fn remote_slice(
-    svc: &str,
-    name: &str,
-    ip: &str,
-) -> k8s_openapi::api::discovery::v1::EndpointSlice {
-    obj(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc, "fair.com/cross-cluster": "true",
-                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}]
-    }))
-}
-
-/// `svc` exported by the cluster of `context` in `ns`: its leader (port http 80) and one slice
-/// named `slice` with the endpoint `ip`.
+/// `svc` exported by the cluster of `context` in `ns`: its leader (port http 80 -> 8080) and one
+/// slice named `slice` with the endpoint `ip`.
 pub async fn export(context: &str, ns: &str, svc: &str, slice: &str, ip: &str) {
     use kube::api::PostParams;
     let c = super::client(context).await;
     let pp = PostParams::default();
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), ns);
     services
-        .create(&pp, &leader(svc, 80))
+        .create(&pp, &super::exported(svc, 80))
         .await
         .expect("leader");
     let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(c, ns);
     slices
-        .create(&pp, &remote_slice(svc, slice, ip))
+        .create(&pp, &super::remote_slice(svc, slice, &[ip]))
         .await
         .expect("remote slice");
 }

@@ -1,0 +1,411 @@
+//! Command-line flags; every flag also reads an environment variable. Compatible with the Go
+//! controller's flags (`--kubeconfig`/KUBECONFIG_PATH, `--devmode`/DEV_MODE, `--local-context`,
+//! `--remote-context`, `--namespace`).
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::desired::{EndpointsMode, Options};
+use crate::remotes::SecretSource;
+use crate::runtime::lease::{LeaseConfig, default_identity};
+
+/// The daemon's flags.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cross-cluster-controller", version, about, long_about = None)]
+pub struct Args {
+    /// Kubeconfig of the REMOTE cluster (default loading rules when absent).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Local cluster from the default kubeconfig (KUBECONFIG or ~/.kube/config) instead of the
+    /// in-cluster service account.
+    #[arg(long, env = "DEV_MODE")]
+    pub devmode: bool,
+
+    /// Context of the local cluster (dev mode).
+    #[arg(long, env = "LOCAL_CONTEXT")]
+    pub local_context: Option<String>,
+
+    /// Context of the remote cluster in its kubeconfig.
+    #[arg(long, env = "REMOTE_CONTEXT")]
+    pub remote_context: Option<String>,
+
+    /// The daemon's own namespace: its leader-election Lease, and the Secrets that name remotes.
+    #[arg(long, env = "LEASE_NAMESPACE", default_value = "fair-system")]
+    pub namespace: String,
+
+    /// Label selector of the Secrets (in --namespace) that each name one remote cluster, with
+    /// its kubeconfig under the data key `kubeconfig`. Empty: no Secret remotes.
+    #[arg(
+        long,
+        env = "REMOTE_SECRET_SELECTOR",
+        default_value = "fair.com/cross-cluster-remote=true"
+    )]
+    pub remote_secret_selector: String,
+
+    /// Seconds between a remote's Secret being deleted and its followers being deleted; a
+    /// Secret re-created for the same cluster meanwhile keeps them.
+    #[arg(long, env = "REMOTE_REMOVAL_GRACE_SECONDS", default_value_t = 30)]
+    pub remote_removal_grace_seconds: u64,
+
+    /// Exec credential plugins a remote Secret's kubeconfig may run, by absolute path
+    /// (comma-separated), matched exactly. Default: none, so `exec` is refused. A trust decision:
+    /// whoever may write Secrets in --namespace may then run these commands in the daemon with
+    /// arguments of their choice (never with an environment of their choice).
+    #[arg(long, env = "REMOTE_SECRET_ALLOW_EXEC", value_delimiter = ',')]
+    pub remote_secret_allow_exec: Vec<String>,
+
+    /// Label key: remote leaders carry `<key>=true`, local followers `<key>=follower`.
+    #[arg(long, env = "LABEL_KEY", default_value = "fair.com/cross-cluster")]
+    pub label_key: String,
+
+    /// Name of the remote cluster, recorded on every follower (default: the remote context name).
+    #[arg(long, env = "CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// Namespaces to watch in the remote cluster (comma-separated; default: all).
+    #[arg(
+        long = "watch-namespace",
+        env = "WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
+
+    /// Sweeper schedule, cron with seconds (`sec min hour day month weekday`) or the classic
+    /// five fields. Default: every five minutes.
+    #[arg(long, env = "SWEEP_SCHEDULE", default_value = "0 */5 * * * *")]
+    pub sweep_schedule: String,
+
+    /// Reconcile workers (keys processed in parallel; one key is never processed twice at once).
+    #[arg(long, env = "WORKERS", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=512))]
+    pub workers: u16,
+
+    /// Log what would be written, write nothing.
+    #[arg(long, env = "DRY_RUN")]
+    pub dry_run: bool,
+
+    /// Which local endpoint objects to write: EndpointSlices, legacy core/v1 Endpoints, or both.
+    #[arg(long, env = "ENDPOINTS_MODE", value_enum, default_value_t = EndpointsModeArg::Slices)]
+    pub endpoints_mode: EndpointsModeArg,
+
+    /// Create a local namespace when a remote leader's namespace does not exist locally.
+    #[arg(long, env = "CREATE_NAMESPACES")]
+    pub create_namespaces: bool,
+
+    /// Address of the admin server (/healthz, /readyz, /metrics).
+    #[arg(long, env = "ADMIN_BIND", default_value = "0.0.0.0:8080")]
+    pub admin_bind: SocketAddr,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "cross-cluster-controller")]
+    pub lease_name: String,
+
+    /// Identity of this replica in the Lease (default: POD_NAME, else hostname and PID).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Seconds a Lease is valid without renewal; another replica takes over after that.
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_duration_seconds: u64,
+
+    /// Timeout of each request in the sweeper's listings; a listing that times out aborts the sweep.
+    #[arg(long, env = "SWEEP_LIST_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub sweep_list_timeout_seconds: u64,
+
+    /// An API server (remote or local) that sends nothing for this long is treated as unreachable:
+    /// it bounds each connection attempt and each response (and each local write as a whole: one
+    /// not answered in time fails and is retried), and watches are renewed at this
+    /// interval so a quiet healthy one never trips it. A hanging remote shows on /readyz within
+    /// about twice this.
+    #[arg(long, env = "API_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(2..=290))]
+    pub api_timeout_seconds: u32,
+
+    /// Seconds between renewals of each remote's health Lease (kept by the leader in
+    /// --namespace, renewed only while the remote's watches are healthy; valid for three times
+    /// this).
+    #[arg(long, env = "REMOTE_HEALTH_INTERVAL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub remote_health_interval_seconds: u64,
+
+    /// Opt-in outage policy for the static remote: once it has been unreachable this many
+    /// seconds, its endpoints in every follower are marked not ready (so traffic goes to the
+    /// other remotes'); restored when it returns; nothing is deleted. Default: off (keep the last
+    /// known endpoints). Secret remotes: the annotation `fair.com/cross-cluster-stale-after`.
+    #[arg(long, env = "REMOTE_STALE_AFTER_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub remote_stale_after_seconds: Option<u64>,
+
+    /// When to renew the token of a remote Secret made by `remote-access` (annotation
+    /// `fair.com/cross-cluster-token-renewal`): a share of its lifetime left (`20%`) or a window
+    /// before it expires (`24h`, `90m`), or `off`. The leader asks the remote's TokenRequest API for a new
+    /// token and writes it into the Secret; a token is never renewed within 30 seconds of its
+    /// issue.
+    #[arg(long, env = "REMOTE_TOKEN_RENEW_BEFORE", default_value = "20%", value_parser = crate::remotes::credentials::parse_renew_before)]
+    pub remote_token_renew_before: crate::remotes::credentials::RenewBefore,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EndpointsModeArg {
+    Slices,
+    Endpoints,
+    Both,
+}
+
+impl From<EndpointsModeArg> for EndpointsMode {
+    fn from(m: EndpointsModeArg) -> Self {
+        match m {
+            EndpointsModeArg::Slices => EndpointsMode::Slices,
+            EndpointsModeArg::Endpoints => EndpointsMode::Endpoints,
+            EndpointsModeArg::Both => EndpointsMode::Both,
+        }
+    }
+}
+
+impl Args {
+    /// See `--api-timeout-seconds`.
+    pub fn api_timeout(&self) -> Duration {
+        Duration::from_secs(self.api_timeout_seconds.into())
+    }
+
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_seconds)
+    }
+
+    /// The sweep schedule in the six-field form tokio-cron-scheduler takes.
+    pub fn sweep_cron(&self) -> Result<String, String> {
+        let fields = self.sweep_schedule.split_whitespace().count();
+        let expr = match fields {
+            5 => format!("0 {}", self.sweep_schedule.trim()),
+            6 | 7 => self.sweep_schedule.trim().to_string(),
+            _ => {
+                return Err(format!(
+                    "--sweep-schedule {:?}: expected 5 or 6 cron fields, got {fields}",
+                    self.sweep_schedule
+                ));
+            }
+        };
+        expr.parse::<croner::Cron>()
+            .map_err(|e| format!("--sweep-schedule {:?}: {e}", self.sweep_schedule))?;
+        Ok(expr)
+    }
+
+    /// Validates what clap cannot: one readable line per problem.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_label_key(&self.label_key)?;
+        self.sweep_cron()?;
+        for ns in &self.watch_namespaces {
+            if !is_dns_label(ns) {
+                return Err(format!(
+                    "--watch-namespace {ns:?} is not a valid namespace name"
+                ));
+            }
+        }
+        crate::client::policy::check_allowed_commands(&self.remote_secret_allow_exec)?;
+        if self.kubeconfig.is_none()
+            && self.remote_context.is_none()
+            && self.remote_secret_selector.trim().is_empty()
+        {
+            return Err(
+                "no remote: name one with --kubeconfig or --remote-context, or leave --remote-secret-selector set so remotes come from Secrets"
+                    .into(),
+            );
+        }
+        if let Some(name) = &self.cluster_name
+            && (name.is_empty() || name.len() > 253)
+        {
+            return Err(format!(
+                "--cluster-name {name:?} must be 1 to 253 characters"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Args {
+    /// The daemon's configuration, one part per component, once the flags are valid.
+    pub fn config(&self) -> Result<crate::daemon::Config, String> {
+        self.validate()?;
+        let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into());
+        let namespaces = self.watch_namespaces.clone();
+        let client = crate::client::Settings {
+            devmode: self.devmode,
+            local_context: self.local_context.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            remote_context: self.remote_context.clone(),
+            cluster_name: self.cluster_name.clone(),
+            api_timeout: self.api_timeout(),
+            allow_exec: self.remote_secret_allow_exec.clone(),
+        };
+        let selector = self.remote_secret_selector.trim();
+        let secrets = (!selector.is_empty()).then(|| SecretSource {
+            namespace: self.namespace.clone(),
+            selector: self.remote_secret_selector.clone(),
+            removal_grace: Duration::from_secs(self.remote_removal_grace_seconds),
+        });
+        let lease = LeaseConfig {
+            namespace: self.namespace.clone(),
+            name: self.lease_name.clone(),
+            identity: self.identity.clone().unwrap_or_else(default_identity),
+            duration: self.lease_duration(),
+        };
+        Ok(crate::daemon::Config {
+            remotes: crate::remotes::Settings {
+                opts: opts.clone(),
+                namespaces: namespaces.clone(),
+                api_timeout: self.api_timeout(),
+                stale_after: self.remote_stale_after_seconds.map(Duration::from_secs),
+                client: client.clone(),
+            },
+            client,
+            secrets,
+            reconcile: crate::reconcile::Settings {
+                opts,
+                namespaces: namespaces.clone(),
+                create_namespaces: self.create_namespaces,
+                dry_run: self.dry_run,
+                api_timeout: self.api_timeout(),
+                lease: (lease.namespace.clone(), lease.name.clone()),
+                identity: lease.identity.clone(),
+            },
+            lease,
+            sweep: crate::reconcile::sweep::Settings {
+                namespaces,
+                list_timeout: Duration::from_secs(self.sweep_list_timeout_seconds),
+            },
+            sweep_cron: self.sweep_cron()?,
+            health_interval: Duration::from_secs(self.remote_health_interval_seconds),
+            renew_before: self.remote_token_renew_before,
+            admin_bind: self.admin_bind,
+            workers: self.workers,
+        })
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A label key: optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "--label-key {key:?} is not a valid label key: {why}"
+        ))
+    };
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && (p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label))
+    {
+        return bad("the prefix must be a DNS subdomain");
+    }
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if name.is_empty() || name.len() > 63 {
+        return bad("the name must be 1 to 63 characters");
+    }
+    if !name.chars().all(ok_char)
+        || !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return bad(
+            "the name must be alphanumeric, '-', '_' or '.', starting and ending alphanumeric",
+        );
+    }
+    // without a prefix, the follower annotations are `<key>-origin-cluster` etc., and must fit
+    if prefix.is_none() && name.len() + LONGEST_ANNOTATION_SUFFIX.len() > 63 {
+        return bad(
+            "without a prefix it must be at most 48 characters (the follower annotation <key>-origin-cluster must fit in 63)",
+        );
+    }
+    Ok(())
+}
+
+const LONGEST_ANNOTATION_SUFFIX: &str = "-origin-cluster";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_label_key_leaves_room_for_the_follower_annotations() {
+        assert!(validate_label_key(&"k".repeat(48)).is_ok());
+        let err = validate_label_key(&"k".repeat(49)).unwrap_err();
+        assert!(err.contains("at most 48"), "{err}");
+        assert!(validate_label_key(&format!("example.com/{}", "k".repeat(63))).is_ok());
+    }
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("ccc").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn the_flags_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_go_controller() {
+        let a = parse(&[]);
+        assert_eq!(a.label_key, "fair.com/cross-cluster");
+        assert_eq!(a.namespace, "fair-system");
+        assert!(!a.devmode);
+        assert_eq!(a.sweep_cron().unwrap(), "0 */5 * * * *");
+        assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn five_field_cron_gains_a_seconds_field() {
+        let a = parse(&["--sweep-schedule", "*/2 * * * *"]);
+        assert_eq!(a.sweep_cron().unwrap(), "0 */2 * * * *");
+    }
+
+    #[test]
+    fn bad_values_give_one_readable_line() {
+        for (args, needle) in [
+            (vec!["--sweep-schedule", "every minute"], "--sweep-schedule"),
+            (vec!["--sweep-schedule", "99 * * * * *"], "--sweep-schedule"),
+            (vec!["--label-key", "bad key!"], "--label-key"),
+            (vec!["--label-key=-x.com/a"], "--label-key"),
+            (vec!["--watch-namespace", "Upper"], "--watch-namespace"),
+            (
+                vec!["--remote-secret-allow-exec", "aws"],
+                "--remote-secret-allow-exec",
+            ),
+            (
+                vec!["--remote-secret-allow-exec=/bin/aws,../aws"],
+                "--remote-secret-allow-exec",
+            ),
+        ] {
+            let err = parse(&args).validate().unwrap_err();
+            assert!(err.contains(needle), "{err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+        assert!(Args::try_parse_from(["ccc", "--workers", "0"]).is_err());
+        assert!(Args::try_parse_from(["ccc", "--endpoints-mode", "nope"]).is_err());
+    }
+
+    #[test]
+    fn allowed_exec_commands_split_on_commas() {
+        let a = parse(&["--remote-secret-allow-exec", "/usr/local/bin/aws,/bin/t"]);
+        assert_eq!(
+            a.remote_secret_allow_exec,
+            vec!["/usr/local/bin/aws", "/bin/t"]
+        );
+        assert!(a.validate().is_ok());
+        assert!(parse(&[]).remote_secret_allow_exec.is_empty());
+    }
+
+    #[test]
+    fn watch_namespaces_split_on_commas() {
+        let a = parse(&["--watch-namespace", "a,b", "--watch-namespace", "c"]);
+        assert_eq!(a.watch_namespaces, vec!["a", "b", "c"]);
+    }
+}

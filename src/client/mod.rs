@@ -1,0 +1,241 @@
+//! Kubernetes clients: the only place they are built (the local cluster, and each remote), the
+//! policy a remote Secret's kubeconfig must pass first, and paginated, scoped listing.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
+
+use crate::error::{Error, Result};
+
+pub mod pages;
+pub mod policy;
+
+/// How clients are built: which kubeconfig and contexts, and the limits every client gets.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// local cluster from the kubeconfig (`--devmode`) instead of in-cluster configuration
+    pub devmode: bool,
+    pub local_context: Option<String>,
+    /// the static remote's kubeconfig (`--kubeconfig`) and context
+    pub kubeconfig: Option<PathBuf>,
+    pub remote_context: Option<String>,
+    /// the static remote's name (else its context's)
+    pub cluster_name: Option<String>,
+    /// connect and read limit of every request
+    pub api_timeout: Duration,
+    /// exec commands a remote Secret's kubeconfig may run (absolute paths)
+    pub allow_exec: Vec<String>,
+}
+
+/// One remote cluster: its name (recorded on followers) and a read-only client.
+#[derive(Clone)]
+pub struct Remote {
+    pub name: String,
+    pub client: Client,
+}
+
+pub struct Clients {
+    pub local: Client,
+    /// host:port of the local API server (a remote must be another one)
+    pub local_authority: String,
+    /// the static remote, when `--kubeconfig` or `--remote-context` names one
+    pub remotes: Vec<Remote>,
+}
+
+fn config_err(what: &str, e: impl std::fmt::Display) -> Error {
+    // one line: kube's errors can nest causes over several lines
+    let msg = e.to_string().replace('\n', " ");
+    Error::Config(format!("{what}: {msg}"))
+}
+
+async fn from_kubeconfig(kc: Kubeconfig, context: Option<&str>, what: &str) -> Result<Config> {
+    if let Some(ctx) = context
+        && !kc.contexts.iter().any(|c| c.name == ctx)
+    {
+        let known: Vec<_> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(Error::Config(format!(
+            "{what}: context {ctx:?} is not in the kubeconfig (it has: {})",
+            known.join(", ")
+        )));
+    }
+    let opts = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .map_err(|e| config_err(what, e))
+}
+
+async fn read_kubeconfig(path: Option<&Path>, what: &str) -> Result<Kubeconfig> {
+    match path {
+        Some(p) => Kubeconfig::read_from(p)
+            .map_err(|e| config_err(&format!("{what} kubeconfig {}", p.display()), e)),
+        None => Kubeconfig::read().map_err(|e| config_err(&format!("{what} kubeconfig"), e)),
+    }
+}
+
+/// The configuration of `context` (else the current one) in the kubeconfig at `path` (else the
+/// default loading rules), with errors that name `what`.
+pub async fn kubeconfig_config(
+    path: Option<&Path>,
+    context: Option<&str>,
+    what: &str,
+) -> Result<Config> {
+    let kc = read_kubeconfig(path, what).await?;
+    from_kubeconfig(kc, context, what).await
+}
+
+pub async fn local_config(settings: &Settings) -> Result<Config> {
+    if settings.devmode {
+        let kc = read_kubeconfig(None, "local (dev mode, default)").await?;
+        from_kubeconfig(kc, settings.local_context.as_deref(), "local cluster").await
+    } else {
+        Config::incluster().map_err(|e| {
+            config_err(
+                "local cluster (in-cluster service account; use --devmode outside a pod)",
+                e,
+            )
+        })
+    }
+}
+
+pub async fn remote_config(settings: &Settings) -> Result<(Config, String)> {
+    let kc = read_kubeconfig(settings.kubeconfig.as_deref(), "remote").await?;
+    let context_name = settings
+        .remote_context
+        .clone()
+        .or_else(|| kc.current_context.clone())
+        .unwrap_or_else(|| "remote".to_string());
+    let cfg = from_kubeconfig(kc, settings.remote_context.as_deref(), "remote cluster").await?;
+    Ok((cfg, context_name))
+}
+
+/// host:port of an API server URL, for the "same cluster" check.
+pub fn authority(cfg: &Config) -> String {
+    let uri = &cfg.cluster_url;
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_matches(['[', ']'])
+        .to_ascii_lowercase();
+    let host = if host == "localhost" {
+        "127.0.0.1".to_string()
+    } else {
+        host
+    };
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    format!("{host}:{port}")
+}
+
+/// A connection attempt, and every response, must make progress within `--api-timeout-seconds`
+/// (the read limit adds a margin over the server-side watch timeout, so a quiet watch that the
+/// server ends on time never trips it). Without this a hanging (not refusing) API server would
+/// stall a list or a watch start forever, unseen.
+fn with_timeouts(mut cfg: Config, settings: &Settings) -> Config {
+    cfg.connect_timeout = Some(settings.api_timeout);
+    cfg.read_timeout = Some(settings.api_timeout + READ_MARGIN);
+    cfg.reset_reader_on_write = true;
+    cfg
+}
+
+const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A client whose retries of 429/503/504 are few and short: at most 6 (20 ms doubling to 2 s, or
+/// the server's Retry-After), then the error goes to the reconcile, whose back-off is per key,
+/// logged and counted. kube's default (15 attempts, up to 1000 s apart) holds a worker on one
+/// throttled write for minutes, unlogged.
+fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
+    cfg.default_retry = false;
+    let policy = RetryPolicy::new(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_secs(2),
+        6,
+        true,
+    )
+    .map_err(|e| e.to_string())?;
+    let builder = ClientBuilder::try_from(cfg).map_err(|e| e.to_string())?;
+    // the retry layer clones the service it retries: a buffer makes kube's boxed stack cloneable
+    Ok(builder
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(policy))
+        .build())
+}
+
+/// A client for a one-shot command (`status`): the bounded retries, a 30 s connect and read limit.
+pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, String> {
+    cfg.connect_timeout = Some(std::time::Duration::from_secs(30));
+    cfg.read_timeout = Some(std::time::Duration::from_secs(30));
+    client_of(cfg)
+}
+
+/// A remote's client from a kubeconfig held in a Secret (its current context), with the
+/// daemon's timeouts, and its API server's host:port. The kubeconfig is checked first, before
+/// kube reads any file it names or runs any program (see `secret_kubeconfig`); the static
+/// remote's kubeconfig, chosen by the operator, is not.
+pub async fn secret_remote(kc: Kubeconfig, settings: &Settings) -> Result<(Client, String)> {
+    policy::check(&kc, &settings.allow_exec).map_err(|r| Error::Refused(r.to_string()))?;
+    let cfg = from_kubeconfig(kc, None, "kubeconfig").await?;
+    let at = authority(&cfg);
+    let client = client_of(with_timeouts(cfg, settings)).map_err(|e| config_err("client", e))?;
+    Ok((client, at))
+}
+
+/// The uid of a cluster's kube-system namespace: its id (as the MCS ClusterProperty
+/// `cluster.clusterset.k8s.io` defines it).
+pub async fn cluster_id(client: &Client, timeout: Duration) -> Result<String, String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = tokio::time::timeout(timeout, api.get("kube-system"))
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|e| {
+            format!(
+                "reading its cluster id (namespace kube-system): {}",
+                crate::error::chain(&e)
+            )
+        })?;
+    ns.uid()
+        .ok_or_else(|| "its kube-system namespace has no uid".to_string())
+}
+
+/// The local client, and the static remote when the flags name one (`--kubeconfig` /
+/// `KUBECONFIG_PATH` or `--remote-context`); other remotes come from Secrets.
+pub async fn build(settings: &Settings) -> Result<Clients> {
+    let local_cfg = local_config(settings).await?;
+    let local_authority = authority(&local_cfg);
+    let local =
+        client_of(with_timeouts(local_cfg, settings)).map_err(|e| config_err("local client", e))?;
+    let mut remotes = Vec::new();
+    if settings.kubeconfig.is_some() || settings.remote_context.is_some() {
+        let (remote_cfg, context_name) = remote_config(settings).await?;
+        if local_authority == authority(&remote_cfg) {
+            return Err(Error::Config(format!(
+                "local and remote resolve to the same API server ({local_authority}); refusing to mirror a cluster into itself"
+            )));
+        }
+        let remote = client_of(with_timeouts(remote_cfg, settings))
+            .map_err(|e| config_err("remote client", e))?;
+        let name = settings.cluster_name.clone().unwrap_or(context_name);
+        remotes.push(Remote {
+            name,
+            client: remote,
+        });
+    }
+    Ok(Clients {
+        local,
+        local_authority,
+        remotes,
+    })
+}

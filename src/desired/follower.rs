@@ -1,0 +1,88 @@
+//! One remote's exported Service and its slices -> the follower objects.
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::options::{EXPORT_VALUE, Options, Skip};
+use super::{endpoints, meta, service, slices};
+
+/// Everything the local cluster should hold for one remote leader.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Follower {
+    /// The selectorless follower Service.
+    pub service: Service,
+    /// Follower EndpointSlices, sorted by name; empty in [`EndpointsMode::Endpoints`], for
+    /// ExternalName exported Services and for exported Services without endpoints.
+    pub slices: Vec<EndpointSlice>,
+    /// The follower core/v1 Endpoints; `None` in [`EndpointsMode::Slices`] and for ExternalName
+    /// exported Services.
+    pub endpoints: Option<Endpoints>,
+}
+
+/// Remote exported Service (must carry `<key>=true`) plus ALL remote EndpointSlices of it ->
+/// the desired local objects.
+///
+/// Slices whose namespace or `kubernetes.io/service-name` label name another Service are
+/// ignored. Slices and Endpoints get no ownerReferences here: see [`set_slice_owner`].
+pub fn follower(
+    remote: &Service,
+    remote_slices: &[&EndpointSlice],
+    opts: &Options,
+) -> Result<Follower, Skip> {
+    let exported = remote
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(&opts.label_key));
+    if exported.map(String::as_str) != Some(EXPORT_VALUE) {
+        return Err(Skip::NotExported {
+            label: opts.export_selector(),
+        });
+    }
+    let name = non_empty(remote.metadata.name.as_deref()).ok_or(Skip::MissingName)?;
+    let namespace =
+        non_empty(remote.metadata.namespace.as_deref()).ok_or(Skip::MissingNamespace)?;
+
+    let service = service::desired_service(remote, name, namespace, opts);
+    meta::validate(&service.metadata)?;
+
+    if service::is_external_name(&service) {
+        return Ok(Follower {
+            service,
+            slices: Vec::new(),
+            endpoints: None,
+        });
+    }
+
+    let relevant: Vec<&EndpointSlice> = remote_slices
+        .iter()
+        .copied()
+        .filter(|slice| slices::belongs_to(slice, name, namespace))
+        .collect();
+    let groups = slices::group_endpoints(&relevant);
+    let labels = service.metadata.labels.clone().unwrap_or_default();
+
+    let mut desired_slices = Vec::new();
+    if opts.endpoints_mode.writes_slices() {
+        desired_slices = slices::desired_slices(&groups, name, namespace, &labels, opts);
+        for slice in &desired_slices {
+            meta::validate(&slice.metadata)?;
+        }
+    }
+
+    let mut desired_endpoints = None;
+    if opts.endpoints_mode.writes_endpoints() {
+        let ep = endpoints::desired_endpoints(&groups, name, namespace, &labels, opts);
+        meta::validate(&ep.metadata)?;
+        desired_endpoints = Some(ep);
+    }
+
+    Ok(Follower {
+        service,
+        slices: desired_slices,
+        endpoints: desired_endpoints,
+    })
+}
+
+fn non_empty(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
+}

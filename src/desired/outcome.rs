@@ -1,0 +1,41 @@
+//! What a reconcile pass did, for metrics and logs.
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    Deleted,
+    Unchanged,
+    Skipped(&'static str),
+    Conflict,
+    NotReady,
+}
+
+/// The skip reason of an exported Service whose local namespace does not exist (yet).
+/// The skip reason of an exported Service whose namespace does not exist locally.
+pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
+
+impl Outcome {
+    /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`
+    /// (a key set aside because this replica no longer leads).
+    pub const LABELS: [&'static str; 8] = [
+        "applied",
+        "deleted",
+        "unchanged",
+        "skipped",
+        "conflict",
+        "not_ready",
+        "error",
+        "not_leader",
+    ];
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Deleted => "deleted",
+            Outcome::Unchanged => "unchanged",
+            Outcome::Skipped(_) => "skipped",
+            Outcome::Conflict => "conflict",
+            Outcome::NotReady => "not_ready",
+        }
+    }
+}

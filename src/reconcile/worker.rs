@@ -1,0 +1,331 @@
+//! The workers: take a key from the queue, reconcile it (leader only), retry failures with
+//! back-off, and record the propagation lag of what was written. A pass that panics releases its
+//! key (it would otherwise stay "in progress" and never run again) and is retried like an error.
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tracing::{error, warn};
+
+use super::ctx::{Ctx, Key};
+use super::pass::reconcile;
+use crate::desired::Outcome;
+use crate::error::Error;
+use crate::runtime::lease::Leadership;
+use crate::runtime::metrics::{ByOutcome, ByRemote};
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::supervisor::panic_message;
+use crate::state::cache::GroupKey;
+
+/// When a remote change was first seen, and from which remote.
+type Pending = (Instant, Arc<str>);
+
+pub struct Controller {
+    /// per key, the first remote change seen since its last pass started
+    pending_since: Mutex<HashMap<Key, Pending>>,
+    pub ctx: Arc<Ctx>,
+    pub queue: Arc<WorkQueue<Key>>,
+    pub leader: Leadership,
+    retries: Mutex<HashMap<Key, u32>>,
+    /// a key was dropped unreconciled (not leader, or caches not complete): the next renewal
+    /// while leading makes a full pass (a Lease that lapsed and came back without ever being
+    /// published as lost would otherwise lose those keys until they change again)
+    dropped: AtomicBool,
+}
+
+impl Controller {
+    pub fn new(ctx: Arc<Ctx>, queue: Arc<WorkQueue<Key>>, leader: Leadership) -> Self {
+        Self {
+            pending_since: Mutex::default(),
+            ctx,
+            queue,
+            leader,
+            retries: Mutex::default(),
+            dropped: AtomicBool::new(false),
+        }
+    }
+
+    /// The local keys of these groups that are mirrored (namespaces in scope).
+    fn keys_of(&self, keys: Vec<GroupKey>) -> Vec<Key> {
+        keys.into_iter()
+            .filter(|k| self.ctx.in_scope(&k.0))
+            .map(|(namespace, name)| Key { namespace, name })
+            .collect()
+    }
+
+    /// Queues the keys of these groups (a full pass, a local change: drift, manual deletion).
+    pub fn enqueue(&self, keys: Vec<GroupKey>) {
+        for key in self.keys_of(keys) {
+            self.queue.add(key);
+        }
+    }
+
+    /// A remote change: queued, and remembered for the propagation-lag histogram while this
+    /// replica leads (a standby writes nothing, so it has no lag to measure; it would only
+    /// collect entries). Every remembered key is queued, and every queued key is settled, so the
+    /// map holds at most the keys in flight.
+    pub fn remote_changed(&self, remote: &Arc<str>, keys: Vec<GroupKey>) {
+        if self.ctx.remotes.get(remote).is_none() {
+            // a remote that left: its last events are not worth a pass (its retirement queues
+            // what it recorded)
+            return;
+        }
+        let keys = self.keys_of(keys);
+        if self.leader.is_leader() {
+            let now = Instant::now();
+            let mut pending = self.pending_since.lock();
+            for key in &keys {
+                pending
+                    .entry(key.clone())
+                    .or_insert_with(|| (now, Arc::clone(remote)));
+            }
+        }
+        for key in keys {
+            self.queue.add(key);
+        }
+    }
+
+    /// How many keys the lag and retry bookkeeping hold (both bounded by the keys in flight).
+    pub fn tracked(&self) -> (usize, usize) {
+        let pending = self.pending_since.lock();
+        let retries = self.retries.lock();
+        (pending.len(), retries.len())
+    }
+
+    /// The remote change a pass starting now answers (the first one seen since the last pass
+    /// started). Taken out, so a change arriving during the pass starts its own entry, measured
+    /// by the pass that follows (the queue runs a key changed mid-pass again).
+    fn take_pending(&self, key: &Key) -> Option<Pending> {
+        self.pending_since.lock().remove(key)
+    }
+
+    /// A pass that failed answered nothing: its change waits for the retry, and the earliest
+    /// of it and one that came meanwhile is what the retry is measured from.
+    fn restore_pending(&self, key: &Key, since: Option<Pending>) {
+        let Some(since) = since else { return };
+        let mut pending = self.pending_since.lock();
+        let slot = pending.entry(key.clone()).or_insert_with(|| since.clone());
+        if since.0 < slot.0 {
+            *slot = since;
+        }
+    }
+
+    fn settled(&self, since: Option<Pending>, wrote: bool) {
+        if let (true, Some((at, remote))) = (wrote, since) {
+            self.ctx
+                .metrics
+                .lag
+                .get_or_create(&ByRemote::new(&remote))
+                .observe(at.elapsed().as_secs_f64());
+        }
+    }
+
+    fn retry(&self, key: Key, e: &Error) {
+        let n = {
+            let mut retries = self.retries.lock();
+            let n = retries.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let delay = Duration::from_millis(200u64.saturating_mul(1 << n.min(9)))
+            .min(Duration::from_secs(60));
+        self.ctx
+            .metrics
+            .reconciles
+            .get_or_create(&ByOutcome::new("error"))
+            .inc();
+        if n >= 5 || matches!(e, Error::Panic(_)) {
+            error!(
+                key = %key, error = %e, attempt = n,
+                tags.namespace = %key.namespace, tags.kind = "Service",
+                tags.category = e.category(),
+                "reconcile keeps failing; retrying"
+            );
+        } else {
+            warn!(key = %key, error = %e, category = e.category(), attempt = n, retry_in_ms = delay.as_millis() as u64, "reconcile failed; retrying");
+        }
+        self.queue.add_after(key, delay);
+    }
+
+    /// Whether a key was dropped since the last call.
+    pub fn take_dropped(&self) -> bool {
+        self.dropped.swap(false, Ordering::SeqCst)
+    }
+
+    /// A key set aside unreconciled (`why`: the outcome label, not_ready or not_leader):
+    /// counted, nothing measured, and a full pass marked due.
+    fn drop_key(&self, key: &Key, why: &str) {
+        self.ctx
+            .metrics
+            .reconciles
+            .get_or_create(&ByOutcome::new(why))
+            .inc();
+        self.forget(key);
+        self.take_pending(key);
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+
+    fn forget(&self, key: &Key) {
+        self.retries.lock().remove(key);
+    }
+}
+
+/// Runs one pass for a key and releases the key whatever happens: a panic inside the pass is
+/// caught and returned as its message.
+pub async fn process<K, T>(
+    queue: &WorkQueue<K>,
+    key: &K,
+    pass: impl Future<Output = T>,
+) -> Result<T, String>
+where
+    K: Clone + Eq + std::hash::Hash + Send + 'static,
+{
+    let outcome = AssertUnwindSafe(pass).catch_unwind().await;
+    queue.done(key);
+    outcome.map_err(|p| panic_message(p.as_ref()))
+}
+
+/// One worker: runs until the queue is closed and drained.
+pub async fn run(ctl: Arc<Controller>) {
+    while let Some(key) = ctl.queue.next().await {
+        if !ctl.leader.is_leader() {
+            // dropped: the next leadership gain (or renewal) reconciles every leader
+            ctl.drop_key(&key, "not_leader");
+            ctl.queue.done(&key);
+            continue;
+        }
+        let since = ctl.take_pending(&key);
+        let result = process(&ctl.queue, &key, reconcile(&ctl.ctx, &key))
+            .await
+            .unwrap_or_else(|panic| {
+                ctl.ctx.metrics.panics.inc();
+                Err(Error::Panic(panic))
+            });
+        match result {
+            // queued again by the next full pass; no lag to measure
+            Ok(Outcome::NotReady) => ctl.drop_key(&key, "not_ready"),
+            Err(Error::NotLeader) => ctl.drop_key(&key, "not_leader"),
+            Ok(outcome) => {
+                ctl.forget(&key);
+                ctl.settled(
+                    since,
+                    matches!(outcome, Outcome::Applied | Outcome::Deleted),
+                );
+            }
+            Err(e) => {
+                ctl.restore_pending(&key, since);
+                ctl.retry(key, &e);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pass_that_panics_releases_its_key() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let key = q.next().await.expect("queued");
+        let got = process(&q, &key, async { panic!("bad object") }).await;
+        assert_eq!(got, Err::<(), _>("bad object".to_string()));
+        // a key still marked in progress would only be marked dirty here, never handed out
+        q.add("a");
+        let again = tokio::time::timeout(Duration::from_secs(1), q.next()).await;
+        assert_eq!(again.ok().flatten(), Some("a"));
+    }
+
+    fn runtime(leader: bool) -> (Arc<Controller>, tokio::sync::watch::Sender<Option<Instant>>) {
+        let (client, _api) = crate::fixtures::client("local");
+        let (tx, leadership) = crate::fixtures::leadership(leader);
+        let remote = Arc::new(crate::state::RemoteState::new(
+            crate::fixtures::REMOTE,
+            crate::fixtures::opts(),
+            vec![],
+        ));
+        let ctx = crate::fixtures::ctx(
+            client,
+            leadership.clone(),
+            vec![remote],
+            Arc::new(crate::state::LocalState::default()),
+        );
+        let ctl = Controller::new(Arc::new(ctx), WorkQueue::new(), leadership);
+        (Arc::new(ctl), tx)
+    }
+
+    fn changed(n: usize) -> Vec<GroupKey> {
+        (0..n)
+            .map(|i| ("shop".to_string(), format!("s{i}")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_standby_remembers_no_change_for_the_lag_histogram() {
+        let (ctl, _tx) = runtime(false);
+        ctl.remote_changed(&Arc::from(crate::fixtures::REMOTE), changed(100));
+        assert_eq!(ctl.tracked(), (0, 0));
+        assert_eq!(ctl.queue.len(), 100, "still queued");
+    }
+
+    #[tokio::test]
+    async fn keys_dropped_after_the_lease_is_lost_leave_nothing_behind() {
+        let (ctl, tx) = runtime(true);
+        ctl.remote_changed(&Arc::from(crate::fixtures::REMOTE), changed(100));
+        // an unknown remote's changes are neither queued nor remembered
+        ctl.remote_changed(&Arc::from("gone"), changed(10));
+        assert_eq!(ctl.tracked(), (100, 0));
+        tx.send_replace(None);
+        ctl.queue.close();
+        crate::fixtures::within("the worker to drain the queue", run(Arc::clone(&ctl))).await;
+        assert_eq!(ctl.tracked(), (0, 0));
+        let dropped = ctl
+            .ctx
+            .metrics
+            .reconciles
+            .get_or_create(&ByOutcome::new("not_leader"))
+            .get();
+        assert_eq!(dropped, 100, "every key set aside is counted");
+        assert!(ctl.take_dropped(), "a full pass is due once leading again");
+        assert!(!ctl.take_dropped(), "once");
+    }
+
+    #[tokio::test]
+    async fn a_change_seen_during_a_pass_is_measured_by_the_pass_after_it() {
+        let (ctl, _tx) = runtime(true);
+        let remote = Arc::from(crate::fixtures::REMOTE);
+        let key = Key {
+            namespace: "shop".into(),
+            name: "s0".into(),
+        };
+        ctl.remote_changed(&remote, changed(1));
+        let first = ctl.take_pending(&key).expect("the change the pass answers");
+        assert_eq!(ctl.tracked().0, 0, "taken out when the pass starts");
+        // a change during the pass: its own entry, not folded into the first one
+        ctl.remote_changed(&remote, changed(1));
+        let second = ctl.tracked();
+        assert_eq!(second.0, 1, "kept for the pass that follows");
+        // the pass failed: the retry is measured from the earliest change
+        ctl.restore_pending(&key, Some(first.clone()));
+        let again = ctl.take_pending(&key).expect("one entry");
+        assert_eq!(again.0, first.0);
+        assert!(ctl.take_pending(&key).is_none(), "one entry per key");
+    }
+
+    #[tokio::test]
+    async fn a_pass_that_succeeds_releases_its_key_and_returns_its_value() {
+        let q = WorkQueue::new();
+        q.add(1);
+        let key = q.next().await.expect("queued");
+        assert_eq!(process(&q, &key, async { 7 }).await, Ok(7));
+        q.add(1);
+        assert_eq!(q.len(), 1);
+    }
+}

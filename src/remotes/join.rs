@@ -1,0 +1,78 @@
+//! Joining: a remote becomes a member (its metric series, its caches, its watches), from the
+//! flags at start or from a Secret at run time.
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::warn;
+
+use super::Settings;
+use crate::client::{self, Clients, Remote};
+use crate::reconcile::resync;
+use crate::reconcile::worker::Controller;
+use crate::runtime::supervisor::Supervisor;
+use crate::state::{Member, Origin, RemoteState};
+
+/// How long start-up waits for the static remote's cluster id.
+const STATIC_ID_WAIT: Duration = Duration::from_secs(5);
+
+/// Makes a remote a member: its metric series, its caches in the set of remotes, its watches
+/// (which end when it leaves). A member of the same name is replaced (its watches cancelled).
+/// `known` is its cluster id and its outage policy (see [`super::outage`]).
+pub fn join(
+    sup: &Supervisor,
+    ctl: &Arc<Controller>,
+    remote: &Remote,
+    known: (Option<String>, Option<Duration>),
+    origin: Origin,
+    settings: &Settings,
+) -> Arc<Member> {
+    let (cluster_id, stale_after) = known;
+    let opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
+    ctl.ctx.metrics.init_remote(&remote.name);
+    let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
+        .with_stale_after(stale_after);
+    let member = ctl.ctx.remotes.insert(Member {
+        state: Arc::new(state),
+        client: remote.client.clone(),
+        cluster_id,
+        origin,
+        cancel: sup.child_token(),
+    });
+    crate::watch::remote::start(sup, ctl, &member, settings.watch_timeout());
+    // a remote that joins a running leader: every one of its exported Services once its caches
+    // complete
+    let (ctl, state) = (Arc::clone(ctl), Arc::clone(&member.state));
+    let name = format!("remote {} first pass", remote.name);
+    sup.spawn_until(name, member.cancel.clone(), async move {
+        // a standby has nothing to do: its next leadership gain reconciles every remote
+        while ctl.leader.is_leader() && !resync::when_ready(&ctl, &state) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::future::pending::<()>().await
+    });
+    member
+}
+
+/// The static remote (flags), with its cluster id: recorded on its followers and as the MCS
+/// source-cluster of its slices; a remote that does not answer at start is read without it.
+pub async fn static_remotes(
+    sup: &Supervisor,
+    ctl: &Arc<Controller>,
+    clients: &Clients,
+    settings: &Settings,
+) {
+    for remote in &clients.remotes {
+        let id = client::cluster_id(&remote.client, STATIC_ID_WAIT)
+            .await
+            .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
+            .ok();
+        let known = (id, settings.stale_after);
+        let member = join(sup, ctl, remote, known, Origin::Static, settings);
+        if let Ok((cfg, _)) = client::remote_config(&settings.client).await {
+            let _ = member
+                .state
+                .credential
+                .set(super::credentials::credential(&cfg.auth_info));
+        }
+    }
+}

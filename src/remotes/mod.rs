@@ -1,0 +1,46 @@
+//! The remotes while the daemon runs: joining and leaving (flags and Secrets), their health
+//! Leases, credentials, gauges and the outage policy.
+use std::time::Duration;
+
+use crate::desired::Options;
+
+pub mod credentials;
+pub mod gauges;
+pub mod health;
+pub mod join;
+pub mod outage;
+pub mod remote_secret;
+pub mod secrets;
+
+/// How remotes are read.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// what every remote's options start from (label key, endpoints mode)
+    pub opts: Options,
+    /// namespaces mirrored (empty: all)
+    pub namespaces: Vec<String>,
+    /// the limit of one request; watches are renewed this often
+    pub api_timeout: Duration,
+    /// the static remote's outage policy (a Secret remote's is on its Secret)
+    pub stale_after: Option<Duration>,
+    /// how a Secret remote's client is built
+    pub client: crate::client::Settings,
+}
+
+impl Settings {
+    /// The server-side timeout of a watch, in seconds.
+    pub fn watch_timeout(&self) -> u32 {
+        u32::try_from(self.api_timeout.as_secs()).unwrap_or(u32::MAX)
+    }
+}
+
+/// Where Secret remotes come from.
+#[derive(Clone, Debug)]
+pub struct SecretSource {
+    /// the daemon's namespace, which holds the Secrets
+    pub namespace: String,
+    /// the label selector of remote Secrets
+    pub selector: String,
+    /// how long a remote whose Secret was deleted is kept before it leaves
+    pub removal_grace: Duration,
+}

@@ -1,0 +1,239 @@
+//! Opt-in policy for long remote outages (per remote, default off). An API-server outage is not
+//! a data-plane outage: by default a remote that cannot be read keeps its last known endpoints
+//! and nothing is deleted. With a `stale_after` set, once the remote has been unreachable that
+//! long its endpoints in every follower are marked `ready: false, serving: false`, so kube-proxy
+//! sends traffic to the other remotes' endpoints; the first healthy state after it returns
+//! restores them. It never deletes anything.
+//!
+//! Flapping is damped: after a restore, the remote must stay healthy for `stale_after` before an
+//! outage can mark it again (an outage that starts earlier leaves its endpoints as they are).
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use crate::reconcile::worker::Controller;
+use crate::runtime::metrics::{ByRemote, ByRemoteTo};
+use crate::state::cache::GroupKey;
+
+/// Parses a `stale_after` setting: seconds (`300`), or with a unit (`300s`, `5m`, `2h`);
+/// `off` (or empty) is no policy.
+pub fn parse_stale_after(s: &str) -> Result<Option<Duration>, String> {
+    crate::span::parse_optional(s).map_err(|e| format!("stale-after {e}"))
+}
+
+/// What a step changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    Marked,
+    Restored,
+}
+
+/// One remote's state under the policy (pure: fed the remote's health and the time).
+#[derive(Clone, Debug)]
+pub struct Damper {
+    stale_after: Duration,
+    down_since: Option<Instant>,
+    healthy_since: Option<Instant>,
+    marked: bool,
+    /// whether an outage may mark now: at first, and once healthy for `stale_after` after a
+    /// restore
+    armed: bool,
+    /// whether the current outage started armed
+    outage_armed: bool,
+}
+
+impl Damper {
+    pub fn new(stale_after: Duration) -> Self {
+        Self {
+            stale_after,
+            down_since: None,
+            healthy_since: None,
+            marked: false,
+            armed: true,
+            outage_armed: false,
+        }
+    }
+
+    pub fn marked(&self) -> bool {
+        self.marked
+    }
+
+    pub fn step(&mut self, healthy: bool, now: Instant) -> Option<Transition> {
+        if healthy {
+            self.down_since = None;
+            let since = *self.healthy_since.get_or_insert(now);
+            if self.marked {
+                self.marked = false;
+                self.armed = false;
+                self.healthy_since = Some(now);
+                return Some(Transition::Restored);
+            }
+            if !self.armed && now.duration_since(since) >= self.stale_after {
+                self.armed = true;
+            }
+            return None;
+        }
+        self.healthy_since = None;
+        let since = match self.down_since {
+            Some(s) => s,
+            None => {
+                self.down_since = Some(now);
+                self.outage_armed = self.armed;
+                now
+            }
+        };
+        if !self.marked && self.outage_armed && now.duration_since(since) >= self.stale_after {
+            self.marked = true;
+            return Some(Transition::Marked);
+        }
+        None
+    }
+}
+
+/// Follows every remote that has the policy: marks and restores, queues the keys it exports,
+/// and reports each transition (log, Event, metrics).
+pub async fn run(ctl: Arc<Controller>) {
+    let mut dampers: HashMap<Arc<str>, Damper> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let members = ctl.ctx.remotes.states();
+        dampers.retain(|name, _| members.iter().any(|m| m.name == *name));
+        for s in members {
+            let Some(after) = s.stale_after else {
+                continue;
+            };
+            let d = dampers
+                .entry(Arc::clone(&s.name))
+                .or_insert_with(|| Damper::new(after));
+            let healthy = s.ready() && s.problem().is_none();
+            let Some(t) = d.step(healthy, Instant::now()) else {
+                continue;
+            };
+            s.marked.store(d.marked(), Ordering::SeqCst);
+            report(&ctl, &s.name, t, after).await;
+            let keys: Vec<GroupKey> = s.services.read().keys().cloned().collect();
+            ctl.enqueue(keys);
+        }
+    }
+}
+
+async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) {
+    let m = &ctl.ctx.metrics;
+    let (to, value) = match t {
+        Transition::Marked => ("marked", 1),
+        Transition::Restored => ("restored", 0),
+    };
+    m.remote_stale
+        .get_or_create(&ByRemote::new(remote))
+        .set(value);
+    m.remote_stale_transitions
+        .get_or_create(&ByRemoteTo::new(remote, to))
+        .inc();
+    let (type_, reason, note) = match t {
+        Transition::Marked => {
+            let note = format!(
+                "remote {remote} unreachable for {}s: its endpoints are marked not ready in every follower (nothing deleted)",
+                after.as_secs()
+            );
+            warn!(remote, stale_after_s = after.as_secs(), "{note}");
+            (EventType::Warning, "RemoteStale", note)
+        }
+        Transition::Restored => {
+            let note = format!("remote {remote} is back: its endpoints are restored");
+            info!(remote, "{note}");
+            (EventType::Normal, "RemoteRestored", note)
+        }
+    };
+    if ctl.leader.is_leader() {
+        ctl.ctx
+            .event(type_, reason, note, "OutagePolicy", None)
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AFTER: Duration = Duration::from_secs(60);
+
+    fn at(t0: Instant, secs: u64) -> Instant {
+        t0 + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn stale_after_settings() {
+        assert_eq!(parse_stale_after("300"), Ok(Some(Duration::from_secs(300))));
+        assert_eq!(parse_stale_after("5m"), Ok(Some(Duration::from_secs(300))));
+        assert_eq!(parse_stale_after("2h"), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(parse_stale_after("off"), Ok(None));
+        assert!(parse_stale_after("0").is_err());
+        assert!(parse_stale_after("5 minutes").is_err());
+        assert!(parse_stale_after("-3").is_err());
+    }
+
+    #[test]
+    fn a_long_outage_marks_and_the_return_restores() {
+        let t0 = Instant::now();
+        let mut d = Damper::new(AFTER);
+        assert_eq!(d.step(true, t0), None);
+        assert_eq!(d.step(false, at(t0, 10)), None);
+        assert_eq!(d.step(false, at(t0, 69)), None, "not yet stale_after");
+        assert_eq!(d.step(false, at(t0, 70)), Some(Transition::Marked));
+        assert_eq!(d.step(false, at(t0, 200)), None, "once");
+        assert_eq!(d.step(true, at(t0, 201)), Some(Transition::Restored));
+        assert!(!d.marked());
+    }
+
+    #[test]
+    fn short_outages_never_mark() {
+        let t0 = Instant::now();
+        let mut d = Damper::new(AFTER);
+        for i in 0..10 {
+            assert_eq!(d.step(false, at(t0, i * 40)), None);
+            assert_eq!(d.step(true, at(t0, i * 40 + 30)), None);
+        }
+    }
+
+    #[test]
+    fn after_a_restore_the_remote_must_stay_healthy_before_marking_again() {
+        let t0 = Instant::now();
+        let mut d = Damper::new(AFTER);
+        d.step(false, t0);
+        assert_eq!(d.step(false, at(t0, 60)), Some(Transition::Marked));
+        assert_eq!(d.step(true, at(t0, 61)), Some(Transition::Restored));
+        // down again 10 s later: this outage does not mark, however long
+        assert_eq!(d.step(false, at(t0, 71)), None);
+        assert_eq!(d.step(false, at(t0, 500)), None, "flapping is damped");
+        // healthy for stale_after: armed again
+        assert_eq!(d.step(true, at(t0, 501)), None);
+        assert_eq!(d.step(true, at(t0, 561)), None);
+        assert_eq!(d.step(false, at(t0, 562)), None);
+        assert_eq!(d.step(false, at(t0, 622)), Some(Transition::Marked));
+    }
+
+    #[test]
+    fn marking_sets_ready_and_serving_false_and_keeps_terminating() {
+        use crate::desired::not_ready;
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let s: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"}, "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true, "terminating": true}},
+                          {"addresses": ["10.0.0.2"]}]}))
+        .unwrap();
+        let m = not_ready(&s);
+        for e in &m.endpoints {
+            let c = e.conditions.as_ref().unwrap();
+            assert_eq!((c.ready, c.serving), (Some(false), Some(false)));
+        }
+        assert_eq!(
+            m.endpoints[0].conditions.as_ref().unwrap().terminating,
+            Some(true)
+        );
+    }
+}

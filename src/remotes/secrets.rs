@@ -1,0 +1,494 @@
+//! Remotes from Secrets: each Secret of the daemon's namespace selected by
+//! `--remote-secret-selector` names one remote cluster (data key `kubeconfig`; the name from its
+//! label or annotation `fair.com/cross-cluster-name`, else the Secret's name). A Secret applied
+//! joins its remote, a changed kubeconfig rotates it (new client and watches, same caches' keys:
+//! nothing is rewritten), a Secret deleted makes it leave after `--remote-removal-grace-seconds`
+//! (its followers are then deleted). A Secret that cannot be used is reported (log, /readyz,
+//! Event on the Secret, metric) and changes nothing; a remote that was running keeps running.
+//!
+//! A remote's identity is its cluster id (the uid of its kube-system namespace). A Secret whose
+//! kubeconfig now reaches another cluster than its remote did is held, not switched: otherwise
+//! the other cluster's complete listing would prove every follower of the first "gone".
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::EventType;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use super::remote_secret::{Candidate, NAME_KEY, read_secret};
+use super::{SecretSource, Settings};
+use crate::client::Clients;
+use crate::client::{self, Remote};
+use crate::reconcile::worker::Controller;
+use crate::runtime::metrics::{ByChange, ByRemote};
+use crate::runtime::supervisor::Supervisor;
+use crate::state::{Member, Origin};
+use tokio::sync::Notify;
+
+/// How often Secrets that could not be used (an unreachable server, say) are tried again.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// The local cluster, as the Secret source needs it: a remote must be another cluster.
+pub struct LocalCluster {
+    pub client: Client,
+    /// host:port of its API server
+    pub authority: String,
+    /// its cluster id, when known
+    pub id: Option<String>,
+}
+
+/// The Secret source: joins, rotates and retires Secret remotes.
+pub struct Source {
+    pub ctl: Arc<Controller>,
+    pub sup: crate::runtime::supervisor::Supervisor,
+    pub settings: Arc<Settings>,
+    pub from: SecretSource,
+    pub local: Client,
+    pub local_authority: String,
+    pub local_id: Option<String>,
+    pub sweep_now: Arc<tokio::sync::Notify>,
+    /// Secret name -> the Secret as last seen
+    secrets: BTreeMap<String, Secret>,
+    /// Secret names that could not be used (tried again every RETRY)
+    failing: BTreeSet<String>,
+    /// remote name -> when it leaves (its Secret was deleted)
+    leaving: BTreeMap<String, Instant>,
+    /// remote name -> the cluster id it had (a Secret reaching another cluster is held)
+    ids: BTreeMap<String, String>,
+}
+
+impl Source {
+    pub fn new(
+        ctl: Arc<Controller>,
+        sup: crate::runtime::supervisor::Supervisor,
+        settings: Arc<Settings>,
+        from: SecretSource,
+        local: LocalCluster,
+        sweep_now: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        let LocalCluster {
+            client: local,
+            authority: local_authority,
+            id: local_id,
+        } = local;
+        let ids = ctl
+            .ctx
+            .remotes
+            .members()
+            .iter()
+            .filter_map(|m| Some((m.name().to_string(), m.cluster_id.clone()?)))
+            .collect();
+        Self {
+            ctl,
+            sup,
+            settings,
+            from,
+            local,
+            local_authority,
+            local_id,
+            sweep_now,
+            secrets: BTreeMap::new(),
+            failing: BTreeSet::new(),
+            leaving: BTreeMap::new(),
+            ids,
+        }
+    }
+
+    /// Follows the Secrets until shutdown.
+    pub async fn run(mut self) {
+        // the local followers say which cluster each remote name was: listed first
+        while !self.ctl.ctx.local.ready() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.from.namespace);
+        let cfg = watcher::Config::default()
+            .labels(&self.from.selector)
+            .timeout(self.settings.watch_timeout());
+        let stream = watcher(api, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        // not ready until the Secrets have been listed once: remotes may still be missing
+        let listing_source = format!("remote Secrets in {}", self.from.namespace);
+        let registry = std::sync::Arc::clone(&self.ctl.ctx.remotes);
+        registry.set_problem(&listing_source, "not listed yet".into());
+        let mut listed_once = false;
+        let mut tick = tokio::time::interval(RETRY.min(self.grace()).max(Duration::from_secs(1)));
+        let mut listing: Option<BTreeSet<String>> = None;
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(ev)) => {
+                        let listed = matches!(ev, Event::InitDone);
+                        self.on_event(ev, &mut listing).await;
+                        if listed {
+                            listed_once = true;
+                            registry.clear_problem(&listing_source);
+                            registry.set_complete(true);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let why = crate::error::chain(&e);
+                        warn!(error = %why, "watch of remote Secrets failing; retrying");
+                        // before the first listing, /readyz says why it has not come; after it,
+                        // the remotes known keep running and the log says it
+                        if !listed_once {
+                            registry.set_problem(&listing_source, format!("not listed yet: {why}"));
+                        }
+                    }
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick().await,
+            }
+        }
+    }
+
+    fn grace(&self) -> Duration {
+        self.from.removal_grace
+    }
+
+    async fn on_event(&mut self, ev: Event<Secret>, listing: &mut Option<BTreeSet<String>>) {
+        match ev {
+            Event::Init => *listing = Some(BTreeSet::new()),
+            Event::InitApply(s) => {
+                if let Some(seen) = listing.as_mut() {
+                    seen.insert(s.name_any());
+                }
+                self.applied(s).await;
+            }
+            Event::InitDone => {
+                // a complete listing: Secrets we knew that it lacks were deleted meanwhile
+                let seen = listing.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .secrets
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.deleted(&name);
+                }
+            }
+            Event::Apply(s) => self.applied(s).await,
+            Event::Delete(s) => self.deleted(&s.name_any()),
+        }
+    }
+
+    fn source(&self, secret: &str) -> String {
+        format!("Secret {}/{secret}", self.from.namespace)
+    }
+
+    async fn applied(&mut self, s: Secret) {
+        let name = s.name_any();
+        self.secrets.insert(name.clone(), s.clone());
+        match self.evaluate(&s).await {
+            Ok(()) => {
+                self.failing.remove(&name);
+                self.count_refused();
+                self.ctl.ctx.remotes.clear_problem(&self.source(&name));
+            }
+            Err(why) => {
+                let first = self.failing.insert(name.clone());
+                // the gauge first: whoever sees the problem on /readyz sees it counted
+                self.count_refused();
+                self.refused(&s, why, first).await;
+            }
+        }
+    }
+
+    /// Joins, rotates or leaves alone the remote a Secret names.
+    async fn evaluate(&mut self, s: &Secret) -> Result<(), String> {
+        let secret = s.name_any();
+        let c = read_secret(s)?;
+        let existing = self.ctl.ctx.remotes.get(&c.name);
+        if self.unchanged(&secret, &c, existing.as_deref())? {
+            return Ok(());
+        }
+        let credential = crate::remotes::credentials::user_of(&c.kubeconfig)
+            .map(crate::remotes::credentials::credential)
+            .unwrap_or_default();
+        let (client, id) = self.reach(&c).await?;
+        self.same_cluster(&c.name, &id)?;
+        let remote = Remote {
+            name: c.name.clone(),
+            client,
+        };
+        let origin = Origin::Secret {
+            name: secret.clone(),
+            hash: c.hash,
+        };
+        let known = (Some(id.clone()), c.stale_after);
+        let member =
+            super::join::join(&self.sup, &self.ctl, &remote, known, origin, &self.settings);
+        let _ = member.state.credential.set(credential);
+        self.ids.insert(c.name.clone(), id.clone());
+        self.leaving.remove(&c.name);
+        let change = if existing.is_some() {
+            "rotated"
+        } else {
+            "joined"
+        };
+        self.changed(change);
+        info!(remote = %c.name, secret = %self.source(&secret), cluster_id = %id, "remote {change}");
+        Ok(())
+    }
+
+    /// Whether the remote a Secret names already runs from this very kubeconfig (true: nothing
+    /// to do); an error when the name belongs to another Secret or to the static remote.
+    fn unchanged(
+        &mut self,
+        secret: &str,
+        c: &Candidate,
+        existing: Option<&Member>,
+    ) -> Result<bool, String> {
+        let Some(m) = existing else {
+            return Ok(false);
+        };
+        match &m.origin {
+            Origin::Secret { name, hash } if name == secret => {
+                let same = *hash == c.hash;
+                if same {
+                    self.leaving.remove(&c.name);
+                }
+                Ok(same)
+            }
+            Origin::Secret { name, .. } if self.secrets.contains_key(name) => Err(format!(
+                "remote {:?} is already named by Secret {name}",
+                c.name
+            )),
+            Origin::Secret { .. } => Ok(false), // its Secret is gone: this one takes over
+            Origin::Static => Err(format!(
+                "remote {:?} is already the static remote (--kubeconfig/--remote-context)",
+                c.name
+            )),
+        }
+    }
+
+    /// A client of the Secret's cluster and that cluster's id, once it is proven to be neither
+    /// the local cluster nor one already read under another name.
+    async fn reach(&self, c: &Candidate) -> Result<(Client, String), String> {
+        let (client, at) = client::secret_remote(c.kubeconfig.clone(), &self.settings.client)
+            .await
+            .map_err(|e| e.to_string())?;
+        if at == self.local_authority {
+            return Err(format!("its server {at} is the local cluster's"));
+        }
+        // bounded below the API timeout: a Secret whose server hangs must not hold the others long
+        let wait = self.settings.api_timeout.min(Duration::from_secs(10));
+        let id = client::cluster_id(&client, wait).await?;
+        if self.local_id.as_deref() == Some(id.as_str()) {
+            return Err(format!("it reaches the local cluster (cluster id {id})"));
+        }
+        let members = self.ctl.ctx.remotes.members();
+        let other = members
+            .iter()
+            .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()));
+        if let Some(other) = other {
+            return Err(format!(
+                "it reaches cluster {id}, already read as remote {:?}",
+                other.name()
+            ));
+        }
+        Ok((client, id))
+    }
+
+    /// A remote stays the cluster it was (by its id, remembered or recorded on its followers):
+    /// a Secret that now reaches another cluster is held.
+    fn same_cluster(&mut self, name: &str, id: &str) -> Result<(), String> {
+        if !self.ids.contains_key(name) {
+            // a restarted daemon: what the followers record, read once per name
+            let recorded = self.recorded_ids(name);
+            if let Some(r) = recorded.iter().find(|r| *r != id).or(recorded.first()) {
+                self.ids.insert(name.to_string(), r.clone());
+            }
+        }
+        match self.ids.get(name) {
+            Some(was) if was != id => Err(format!(
+                "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The cluster ids the local followers of remote `name` record (a restarted daemon's memory
+    /// of which cluster a remote is): on a Service whose fields come from it, and on its slices.
+    fn recorded_ids(&self, name: &str) -> BTreeSet<String> {
+        let opts = self.settings.opts.for_remote(name, None);
+        let (origin, id_key) = (
+            opts.origin_cluster_annotation(),
+            opts.origin_cluster_id_annotation(),
+        );
+        let of = |a: &BTreeMap<String, String>| {
+            (a.get(&origin).map(String::as_str) == Some(name))
+                .then(|| a.get(&id_key).cloned())
+                .flatten()
+        };
+        let mut ids: BTreeSet<String> = {
+            let services = self.ctl.ctx.local.services.read();
+            services
+                .keys()
+                .filter_map(|k| services.named(k).ok().flatten())
+                .filter_map(|s| of(s.annotations()))
+                .collect()
+        };
+        let slices = self.ctl.ctx.local.slices.read();
+        for k in slices.keys() {
+            for s in slices.group(k).unwrap_or_default() {
+                ids.extend(of(s.annotations()));
+            }
+        }
+        ids
+    }
+
+    /// A Secret that cannot be used: reported; a remote it named keeps running as it was.
+    async fn refused(&self, s: &Secret, why: String, first: bool) {
+        let source = self.source(&s.name_any());
+        if first {
+            warn!(secret = %source, "not a usable remote: {why}");
+            self.changed("refused");
+        }
+        self.ctl
+            .ctx
+            .remotes
+            .set_problem(&source, format!("not a remote: {why}"));
+        let reference = s.object_ref(&());
+        self.ctl
+            .ctx
+            .event(
+                EventType::Warning,
+                "RemoteRefused",
+                why,
+                "Join",
+                Some(reference),
+            )
+            .await;
+    }
+
+    /// A Secret deleted: its remote leaves after the grace (unless a Secret names it again).
+    fn deleted(&mut self, secret: &str) {
+        self.secrets.remove(secret);
+        self.failing.remove(secret);
+        self.ctl.ctx.remotes.clear_problem(&self.source(secret));
+        self.count_refused();
+        for m in self.ctl.ctx.remotes.members() {
+            if matches!(&m.origin, Origin::Secret { name, .. } if name == secret) {
+                let at = Instant::now() + self.grace();
+                info!(
+                    remote = %m.name(), secret = %self.source(secret), grace_s = self.grace().as_secs(),
+                    "remote Secret deleted: once the grace has passed the remote leaves, what only it exported is deleted, and merged followers lose its slices"
+                );
+                self.leaving.insert(m.name().to_string(), at);
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let retry: Vec<Secret> = self
+            .failing
+            .iter()
+            .filter_map(|n| self.secrets.get(n).cloned())
+            .collect();
+        for s in retry {
+            self.applied(s).await;
+        }
+        let due: Vec<String> = self
+            .leaving
+            .iter()
+            .filter(|(_, at)| **at <= Instant::now())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.leave(&name);
+        }
+    }
+
+    /// The grace has passed: the remote stops being read (every replica), and what the local
+    /// followers record of it goes: each follower that records it is passed again, with the
+    /// remote retired (a standby drops them; its next leadership gain passes every follower).
+    fn leave(&mut self, name: &str) {
+        self.leaving.remove(name);
+        if self.ctl.ctx.remotes.retire(name).is_none() {
+            return;
+        }
+        self.ids.remove(name);
+        self.forget_series(name);
+        self.changed("left");
+        let keys = crate::reconcile::sweep::retire_keys(&self.ctl.ctx, name);
+        info!(remote = %name, followers = keys.len(), "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
+        let note = format!(
+            "remote {name} left (its Secret was deleted): {} followers record it; what only it exported is deleted, merged followers lose its slices",
+            keys.len()
+        );
+        self.ctl.enqueue(keys);
+        if self.ctl.leader.is_leader() {
+            let ctx = Arc::clone(&self.ctl.ctx);
+            tokio::spawn(async move {
+                ctx.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
+                    .await;
+            });
+        }
+    }
+
+    fn changed(&self, change: &str) {
+        self.ctl
+            .ctx
+            .metrics
+            .remote_changes
+            .get_or_create(&ByChange::new(change))
+            .inc();
+    }
+
+    fn count_refused(&self) {
+        self.ctl
+            .ctx
+            .metrics
+            .remote_secrets_refused
+            .set(self.failing.len() as i64);
+    }
+
+    /// The gauges of a remote that left (counters stay: they only ever grow).
+    fn forget_series(&self, name: &str) {
+        let m = &self.ctl.ctx.metrics;
+        let l = ByRemote::new(name);
+        m.followers.remove(&l);
+        m.remote_up.remove(&l);
+        m.since_list.remove(&l);
+        m.credential_expiry.remove(&l);
+    }
+}
+
+/// Remotes from the Secrets of the daemon's namespace: joined, rotated and retired at run time.
+pub async fn spawn(
+    sup: &Supervisor,
+    ctl: &Arc<Controller>,
+    clients: &Clients,
+    sweep_now: &Arc<Notify>,
+    settings: (&Settings, &SecretSource),
+) {
+    let (settings, from) = settings;
+    ctl.ctx.remotes.set_complete(false);
+    // the local cluster's id, so a Secret reaching the local cluster under another address is
+    // refused too (without it, only the same address is)
+    let local_id = client::cluster_id(&clients.local, settings.api_timeout)
+        .await
+        .inspect_err(|why| warn!("local cluster id unknown: {why}"))
+        .ok();
+    let source = Source::new(
+        Arc::clone(ctl),
+        sup.clone(),
+        Arc::new(settings.clone()),
+        from.clone(),
+        LocalCluster {
+            client: clients.local.clone(),
+            authority: clients.local_authority.clone(),
+            id: local_id,
+        },
+        Arc::clone(sweep_now),
+    );
+    sup.spawn_until_shutdown("remote Secrets", source.run());
+}

@@ -1,0 +1,193 @@
+//! The remotes the daemon reads, joined and left while it runs. A member owns everything of one
+//! remote: its caches ([`RemoteState`]), its client, where it came from, and the cancellation of
+//! its watches; it is created and torn down as one, so a remote that leaves leaves nothing
+//! behind. Sources that could not become a member (a bad Secret) are kept as problems, shown on
+//! /readyz until fixed or deleted.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use super::remote::RemoteState;
+
+/// Where a remote's configuration came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `--kubeconfig` / `--remote-context`, fixed for the process's life
+    Static,
+    /// a Secret of the daemon's namespace; `hash` is of its kubeconfig, to tell a rotation
+    Secret { name: String, hash: String },
+}
+
+/// One remote as the daemon reads it.
+pub struct Member {
+    pub state: Arc<RemoteState>,
+    pub client: Client,
+    /// the uid of the remote's kube-system namespace (None for a remote that did not tell it)
+    pub cluster_id: Option<String>,
+    pub origin: Origin,
+    /// cancels this member's watches; a child of the process's shutdown
+    pub cancel: CancellationToken,
+}
+
+impl Member {
+    pub fn name(&self) -> &Arc<str> {
+        &self.state.name
+    }
+}
+
+#[derive(Default)]
+pub struct Remotes {
+    members: RwLock<BTreeMap<Arc<str>, Arc<Member>>>,
+    /// source (e.g. `Secret fair-system/east`) -> why it is not a member
+    problems: RwLock<BTreeMap<String, String>>,
+    /// remotes removed on purpose (their Secret deleted) since the process started: what a
+    /// follower records of them goes, as if each had proven its exported Services absent. A name that
+    /// joins again leaves this set.
+    retired: RwLock<BTreeSet<String>>,
+    /// false while a source of remotes (the Secrets) has not been listed once: until then a
+    /// remote missing from the registry may only not have joined yet
+    unlisted: std::sync::atomic::AtomicBool,
+}
+
+impl Remotes {
+    pub fn get(&self, name: &str) -> Option<Arc<Member>> {
+        self.members.read().get(name).cloned()
+    }
+
+    /// A member's caches.
+    pub fn state(&self, name: &str) -> Option<Arc<RemoteState>> {
+        self.get(name).map(|m| Arc::clone(&m.state))
+    }
+
+    pub fn members(&self) -> Vec<Arc<Member>> {
+        self.members.read().values().cloned().collect()
+    }
+
+    pub fn states(&self) -> Vec<Arc<RemoteState>> {
+        self.members
+            .read()
+            .values()
+            .map(|m| Arc::clone(&m.state))
+            .collect()
+    }
+
+    /// Adds a member, or replaces the one of that name (whose watches are cancelled).
+    pub fn insert(&self, member: Member) -> Arc<Member> {
+        let member = Arc::new(member);
+        self.retired.write().remove(member.name().as_ref());
+        let old = self
+            .members
+            .write()
+            .insert(Arc::clone(member.name()), Arc::clone(&member));
+        if let Some(old) = old {
+            old.cancel.cancel();
+        }
+        member
+    }
+
+    /// Removes a member and cancels its watches.
+    pub fn remove(&self, name: &str) -> Option<Arc<Member>> {
+        let old = self.members.write().remove(name);
+        if let Some(m) = &old {
+            m.cancel.cancel();
+        }
+        old
+    }
+
+    /// Removes a member that left on purpose: its contributions go.
+    pub fn retire(&self, name: &str) -> Option<Arc<Member>> {
+        self.retired.write().insert(name.to_string());
+        self.remove(name)
+    }
+
+    /// The remotes removed on purpose (and not joined again).
+    pub fn retired(&self) -> BTreeSet<String> {
+        self.retired.read().clone()
+    }
+
+    /// Whether every source of remotes has been listed once (see `unlisted`).
+    pub fn complete(&self) -> bool {
+        !self.unlisted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn set_complete(&self, complete: bool) {
+        self.unlisted
+            .store(!complete, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Records why a source is not (or no longer) a member.
+    pub fn set_problem(&self, source: &str, why: String) {
+        self.problems.write().insert(source.to_string(), why);
+    }
+
+    pub fn clear_problem(&self, source: &str) {
+        self.problems.write().remove(source);
+    }
+
+    pub fn problems(&self) -> Vec<(String, String)> {
+        self.problems
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+
+    fn member(name: &str, cancel: &CancellationToken) -> Member {
+        let (client, _api) = fixtures::client("remote");
+        let mut opts = fixtures::opts();
+        opts.cluster_name = name.to_string();
+        Member {
+            state: Arc::new(RemoteState::new(name, opts, vec![])),
+            client,
+            cluster_id: None,
+            origin: Origin::Static,
+            cancel: cancel.child_token(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replaced_or_removed_member_has_its_watches_cancelled() {
+        let root = CancellationToken::new();
+        let r = Remotes::default();
+        let first = r.insert(member("east", &root));
+        let second = r.insert(member("east", &root));
+        assert!(first.cancel.is_cancelled(), "replaced");
+        assert!(!second.cancel.is_cancelled());
+        assert_eq!(r.members().len(), 1);
+        let north = r.insert(member("north", &root));
+        let gone = r.remove("east").expect("a member");
+        assert!(gone.cancel.is_cancelled());
+        assert!(r.get("east").is_none());
+        assert!(!north.cancel.is_cancelled(), "the others keep running");
+        assert_eq!(r.states().len(), 1);
+        r.retire("north");
+        assert_eq!(r.retired(), BTreeSet::from(["north".to_string()]));
+        r.insert(member("north", &root));
+        assert!(
+            r.retired().is_empty(),
+            "a remote that joins again is not retired"
+        );
+    }
+
+    #[tokio::test]
+    async fn problems_are_kept_per_source_until_cleared() {
+        let r = Remotes::default();
+        r.set_problem("Secret ns/a", "no key kubeconfig".into());
+        r.set_problem("Secret ns/b", "malformed".into());
+        r.clear_problem("Secret ns/a");
+        assert_eq!(
+            r.problems(),
+            vec![("Secret ns/b".to_string(), "malformed".to_string())]
+        );
+    }
+}
