@@ -381,12 +381,29 @@ wait_node_ready() {
   done
 }
 
+# inotify_headroom: a kubelet holds 6 inotify instances, an API server 3, containerd 1, and the
+# kernel's default allows 128 per user: a suite's dozen clusters, a few with nodes, come close,
+# and a kubelet that gets none exits ("Failed to start cAdvisor" err="inotify_init: too many open
+# files"). Raise the limit as kind's known issues advise (a kernel limit of this machine, not
+# its network); where that is refused, warn with the figure so a failing kubelet is explained.
+inotify_headroom() {
+  local f=/proc/sys/fs/inotify/max_user_instances want=1024 have
+  have=$(cat "$f")
+  [ "$have" -ge "$want" ] && return 0
+  if echo "$want" >"$f" 2>/dev/null; then
+    echo "testbed: fs.inotify.max_user_instances raised from $have to $want (each kubelet holds 6)" >&2
+  else
+    echo "testbed: fs.inotify.max_user_instances is $have and cannot be raised here; kubelets may exit with 'inotify_init: too many open files'" >&2
+  fi
+}
+
 # start_node CLUSTER I: node I's containerd (waited for: the pause image is imported) and kubelet
 # (not waited for: wait_node_ready, so that the nodes of a cluster start side by side).
 start_node() {
   local c=$1 i=$2 nd
   nd=$(node_dir "$c" "$i")
   node_need_packages
+  inotify_headroom
   mkdir -p "$nd"
   make_node_pki "$c"
   make_kubelet_pki "$c" "$i"
