@@ -70,10 +70,14 @@ rootfs_check() {
   local tcp udp
   tcp=$(suite_part listener TCP)
   udp=$(suite_part listener UDP)
-  # a network namespace with loopback only, and a PID namespace: the listeners end with it
-  XCC_R=$r XCC_TCP=$tcp XCC_UDP=$udp XCC_NAME=$name unshare --net --pid --fork bash -c '
+  # a network namespace with loopback only, and a PID namespace: the listeners end with it; /proc
+  # mounted in the rootfs (in a mount namespace of its own) as in a container, where a shell may
+  # behave differently with it (BusyBox's standalone shell runs its applets through /proc/self/exe)
+  XCC_R=$r XCC_TCP=$tcp XCC_UDP=$udp XCC_NAME=$name unshare --net --pid --mount --fork bash -c '
     set -euo pipefail
     ip link set lo up
+    mkdir -p "$XCC_R/proc"
+    mount -t proc proc "$XCC_R/proc"
     run() { env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
     in_rootfs() { run chroot "$XCC_R" "$@"; }
     if [ "$XCC_NAME" = socat ]; then
@@ -94,6 +98,11 @@ rootfs_check() {
     else
       for t in sh nc nslookup grep awk tail; do
         in_rootfs /bin/sh -c "command -v $t" >/dev/null || { echo "no $t on PATH" >&2; exit 1; }
+      done
+      # the shell finds the real tools on PATH, not BusyBox applets of the same names
+      for t in nc nslookup; do
+        p=$(in_rootfs /bin/sh -c "command -v $t")
+        [ "$(readlink -f "$XCC_R$p")" != "$XCC_R/bin/busybox" ] || { echo "$t is BusyBox'\''s" >&2; exit 1; }
       done
       echo "pod ip 127.0.0.1" | in_rootfs nc -l 127.0.0.1 42 >/dev/null &
       for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/42) 2>/dev/null && break; sleep 0.1; done

@@ -11,8 +11,10 @@
 #                            netshoot: Debian's bind9-dnsutils), grep, awk, tail.
 #
 # Both are what upstream's are at heart: Alpine images whose shell and small tools are BusyBox
-# (here Debian's busybox-static: sh, grep, awk, tail, tr, sleep, ... as links to /bin/busybox)
-# plus the real socat, nc and nslookup with the libraries they link. They run as root, as
+# (here Debian's busybox: sh, grep, awk, tail, tr, sleep, ... as links to /bin/busybox) plus the
+# real socat, nc and nslookup with the libraries they link. Not busybox-static: its shell runs its
+# own applets before anything on PATH (FEATURE_SH_STANDALONE), so `nc` would be BusyBox's, which
+# has no -v, -4 or -6. They run as root, as
 # upstream's do (socat binds port 42). Each rootfs is the packages' files unpacked with dpkg-deb
 # (no maintainer scripts: the links update-alternatives would make are made here), an ld.so cache,
 # /etc/passwd, /etc/group and /etc/nsswitch.conf; documentation is left out.
@@ -34,8 +36,8 @@ command -v apt-cache >/dev/null || die "apt-cache is missing (a Debian machine i
 # containerd for docker.io/alpine/socat:1.7.4.4 when a pod names alpine/socat:1.7.4.4, and the
 # archive's name is what `ctr images import` calls the image.
 images=(
-  "socat|docker.io/alpine/socat:1.7.4.4|busybox-static socat netbase|[\"socat\"]|[]"
-  "netshoot|docker.io/nicolaka/netshoot:v0.15|busybox-static netcat-openbsd bind9-dnsutils netbase|[]|[\"/bin/sh\"]"
+  "socat|docker.io/alpine/socat:1.7.4.4|busybox socat netbase|[\"socat\"]|[]"
+  "netshoot|docker.io/nicolaka/netshoot:v0.15|busybox netcat-openbsd bind9-dnsutils netbase|[]|[\"/bin/sh\"]"
 )
 
 # closure PKG...: the packages PKG need (Depends and Pre-Depends, recursively; real packages only),
