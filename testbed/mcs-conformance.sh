@@ -65,11 +65,14 @@ if [ -z "$version" ]; then
   fi
 fi
 
-# 1. the test binary, cached by the suite's content (names and bytes) and the Go toolchain
+# 1. the test binary, cached by the suite's content (names and bytes), the Go toolchain and the
+# build flags (-trimpath: the reports name the suite's files by module path, not by a temporary
+# build folder)
 command -v go >/dev/null || die "go is not installed"
 export GOTOOLCHAIN=local CGO_ENABLED=0
-key=$( (cd "$suite" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; go version) |
-  sha256sum | cut -c1-16)
+build_flags=(-trimpath)
+key=$( (cd "$suite" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; go version
+  echo "${build_flags[*]}") | sha256sum | cut -c1-16)
 binary="$cache/mcs-conformance/$key/conformance.test"
 if [ ! -x "$binary" ]; then
   mkdir -p "$cache/mcs-conformance"
@@ -80,7 +83,7 @@ if [ ! -x "$binary" ]; then
   cp -R "$suite" "$work/src"
   chmod -R u+w "$work/src"
   log "building the suite's test binary from $suite (about 80 s on two cores when cold)"
-  (cd "$work/src" && go test -c -o conformance.test .) >&2 || die "building the suite failed"
+  (cd "$work/src" && go test -c "${build_flags[@]}" -o conformance.test .) >&2 || die "building the suite failed"
   mkdir -p "$(dirname "$binary")"
   mv "$work/src/conformance.test" "$binary.tmp"
   mv "$binary.tmp" "$binary"
@@ -108,11 +111,15 @@ out=$(cd "$out" && pwd)
 rm -f "$out/report.yaml" "$out/report.html"
 eval "$(bash "$here/bed" env)"
 log "running the suite on $contexts ($project $version); output in $out"
+# no colour codes unless a terminal shows them (conformance.log is plain text); a -ginkgo.no-color
+# among the FLAGs, which come later, wins
+color=()
+[ -t 1 ] || color=(-ginkgo.no-color)
 set +e
 bash "$here/bed" exec bash -c 'cd "$1" && shift && exec "$@"' _ "$out" \
   "$binary" -kubeconfig "$XCC_TESTBED_KUBECONFIG" -contexts "$contexts" \
   -organization "$organization" -project "$project" -version "$version" -url "$url" \
-  "$@" 2>&1 | tee "$out/conformance.log"
+  "${color[@]}" "$@" 2>&1 | tee "$out/conformance.log"
 status=${PIPESTATUS[0]}
 set -e
 for f in report.yaml report.html; do [ -f "$out/$f" ] || log "the suite wrote no $f"; done
