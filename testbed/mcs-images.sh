@@ -144,7 +144,7 @@ for spec in "${images[@]}"; do
     w=$(mktemp -d "$cache/images/mcs-build.XXXXXX")
     # shellcheck disable=SC2064
     trap "rm -rf '$w'" EXIT
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2046,SC2086
     make_rootfs "$w/rootfs" $(fetch $versions) || { rm -rf "$w"; exit 1; }
     if $check; then
       bash "$here/mcs-images-check.sh" rootfs "$name" "$w/rootfs" || { rm -rf "$w"; die "the $name rootfs failed its check"; }
