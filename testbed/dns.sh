@@ -7,6 +7,16 @@
 # address (10.(96+C).0.10, the kubelets' clusterDNS). It serves cluster.local from the API only:
 # no forward plugin, no upstream (the bed has no route out). Unprivileged, so it listens on 1053;
 # the Service maps port 53 there.
+#
+# It also serves clusterset.local (the Multi-Cluster Services zone, KEP-1645) from ServiceImports
+# and the EndpointSlices labelled multicluster.kubernetes.io/service-name (`multicluster
+# clusterset.local` of the kubernetes plugin): `<svc>.<ns>.svc.clusterset.local` answers the
+# ServiceImport's spec.ips. So every cluster with nodes gets the MCS CRDs (testbed/mcs-crds.sh:
+# ServiceExport, ServiceImport, ClusterProperty) in the same apply as CoreDNS, which would never
+# become ready without them (it lists ServiceImports at start). CoreDNS 1.12.2 watches
+# multicluster.x-k8s.io/v1alpha1: the v0.5.x CRDs serve it beside v1beta1 (the storage version,
+# which the MCS conformance suite and implementations use) with the same schema and no conversion
+# webhook, so both read the same objects (docs/testing.md).
 
 DNS_IMAGE="testbed.invalid/coredns:v$COREDNS_VERSION"
 
@@ -26,15 +36,42 @@ coredns_archive() {
   echo "$out"
 }
 
-# start_dns CLUSTER: the image on every node, and the objects (applied; idempotent). Not waited
-# for: a test that resolves names waits for kube-system/coredns to be available.
+# start_dns CLUSTER: the image on every node, and the objects with the MCS CRDs before them (one
+# apply; idempotent). Not waited for: a test that resolves names waits for kube-system/coredns to
+# be available.
 start_dns() {
-  local c=$1 i
+  local c=$1 i f
   for i in $(node_indexes "$c"); do
     node_ctr "$c" "$i" images ls -q | grep -qx "$DNS_IMAGE" || import_image "$c" "$(coredns_archive)" "$i"
   done
-  dns_manifest "$c" | "$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig" apply -f - >/dev/null ||
-    die "applying CoreDNS to '$c' failed"
+  [ -n "${mcs_crds:-}" ] && [ -d "$mcs_crds" ] || die "the MCS CRDs are missing (testbed/mcs-crds.sh)"
+  {
+    for f in "$mcs_crds"/*.yaml; do
+      echo "---"
+      cat "$f"
+    done
+    echo "---"
+    dns_manifest "$c"
+  } | "$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig" apply -f - >/dev/null ||
+    die "applying the MCS CRDs and CoreDNS to '$c' failed"
+}
+
+# dns_corefile: CoreDNS's configuration (the ConfigMap's Corefile)
+dns_corefile() {
+  cat <<'EOF'
+.:1053 {
+    errors
+    health :8080
+    ready :8181
+    kubernetes cluster.local clusterset.local in-addr.arpa ip6.arpa {
+        pods insecure
+        multicluster clusterset.local
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    cache 5
+    loadbalance
+}
+EOF
 }
 
 dns_manifest() {
@@ -53,6 +90,10 @@ rules:
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [list, watch]
+# the clusterset.local zone (multicluster): ServiceImports, read at CoreDNS's version v1alpha1
+- apiGroups: [multicluster.x-k8s.io]
+  resources: [serviceimports]
+  verbs: [list, watch]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -65,17 +106,7 @@ kind: ConfigMap
 metadata: {name: coredns, namespace: kube-system}
 data:
   Corefile: |
-    .:1053 {
-        errors
-        health :8080
-        ready :8181
-        kubernetes cluster.local in-addr.arpa ip6.arpa {
-            pods insecure
-            fallthrough in-addr.arpa ip6.arpa
-        }
-        cache 5
-        loadbalance
-    }
+$(dns_corefile | sed 's/^/    /')
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -84,7 +115,8 @@ spec:
   replicas: 1
   selector: {matchLabels: {k8s-app: kube-dns}}
   template:
-    metadata: {labels: {k8s-app: kube-dns}}
+    # a changed Corefile replaces the pod (CoreDNS reads it once, at start)
+    metadata: {labels: {k8s-app: kube-dns}, annotations: {testbed/corefile: "$(dns_corefile | sha256sum | cut -c1-16)"}}
     spec:
       serviceAccountName: coredns
       dnsPolicy: Default
