@@ -251,7 +251,7 @@ fn describe(p: &ServicePort) -> String {
 }
 
 /// Why a port cannot join `ports`, if it cannot.
-fn port_conflict(ports: &[ServicePort], p: &ServicePort) -> Option<Option<String>> {
+pub(crate) fn port_conflict(ports: &[ServicePort], p: &ServicePort) -> Option<Option<String>> {
     let name = p.name.as_deref().unwrap_or("");
     if let Some(q) = ports
         .iter()

@@ -163,7 +163,7 @@ pub(crate) fn validate(meta: &ObjectMeta) -> Result<(), Skip> {
     Ok(())
 }
 
-fn validate_label(key: &str, value: &str) -> Result<(), String> {
+pub(crate) fn validate_label(key: &str, value: &str) -> Result<(), String> {
     validate_qualified_name(key)?;
     if value.len() > LABEL_VALUE_MAX {
         return Err(format!(
@@ -181,7 +181,7 @@ fn validate_label(key: &str, value: &str) -> Result<(), String> {
 }
 
 /// `[prefix/]name` with a DNS-1123 subdomain prefix and a name of at most 63 characters.
-fn validate_qualified_name(key: &str) -> Result<(), String> {
+pub(crate) fn validate_qualified_name(key: &str) -> Result<(), String> {
     let name = match key.split_once('/') {
         Some((prefix, name)) => {
             if prefix.is_empty() {

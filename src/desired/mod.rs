@@ -11,9 +11,12 @@
 //! * [`service_change`], [`slice_change`] and [`endpoints_change`] compare a live local object
 //!   with the desired one, ignoring everything the API server defaults and everything other
 //!   managers added, and return the object to write (if any).
+//! * [`mcs`]: the Multi-Cluster Services API (ServiceExport status, ServiceImport, derived
+//!   Service and slices), beside the label mode.
 
 mod endpoints;
 pub(crate) mod follower;
+pub mod mcs;
 mod merge;
 mod meta;
 pub(crate) mod options;

@@ -230,18 +230,39 @@ pub(crate) fn desired_slices(
     }
     let mut annotations = meta::origin_annotations(namespace, name, opts);
     meta::record_copied_labels(&mut annotations, service_labels, opts);
+    build_slices(
+        groups,
+        name,
+        &opts.cluster_name,
+        namespace,
+        &labels,
+        &annotations,
+    )
+}
 
+/// The slices of `groups`, every one with these labels and annotations (none when empty): at
+/// most [`MAX_ENDPOINTS_PER_SLICE`] endpoints each, named
+/// `<prefix>-<hash of seed, address type and ports>-<index>` (the seed keeps two sources'
+/// slices apart), sorted by name.
+pub(crate) fn build_slices(
+    groups: &[Group],
+    prefix: &str,
+    seed: &str,
+    namespace: &str,
+    labels: &StringMap,
+    annotations: &StringMap,
+) -> Vec<EndpointSlice> {
     let mut slices = Vec::new();
     for group in groups {
-        let hash = group_hash(&opts.cluster_name, &group.address_type, &group.ports);
+        let hash = group_hash(seed, &group.address_type, &group.ports);
         let ports: Vec<EndpointPort> = group.ports.iter().map(PortKey::to_port).collect();
         for (index, chunk) in group.endpoints.chunks(MAX_ENDPOINTS_PER_SLICE).enumerate() {
             slices.push(EndpointSlice {
                 metadata: ObjectMeta {
-                    name: Some(slice_name(name, &hash, index)),
+                    name: Some(slice_name(prefix, &hash, index)),
                     namespace: Some(namespace.to_string()),
                     labels: Some(labels.clone()),
-                    annotations: Some(annotations.clone()),
+                    annotations: (!annotations.is_empty()).then(|| annotations.clone()),
                     ..ObjectMeta::default()
                 },
                 address_type: group.address_type.clone(),

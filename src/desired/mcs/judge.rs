@@ -1,0 +1,776 @@
+//! The judgement every export of one namespace/name shares, whichever cluster makes it: which
+//! exports are valid, which one wins (the oldest), the union of their ports, and what they
+//! conflict on. The export status and the import are both read from it, so every cluster that
+//! sees the same exports reaches the same verdict.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::cluster::is_cluster_name;
+use super::error::McsError;
+use super::types::{CLUSTER_SET_IP, HEADLESS, ServiceExport, ServicePort};
+use crate::desired::merge::port_conflict;
+
+const TYPE_EXTERNAL_NAME: &str = "ExternalName";
+const CLUSTER_IP_NONE: &str = "None";
+const AFFINITY_NONE: &str = "None";
+const AFFINITY_CLIENT_IP: &str = "ClientIP";
+/// The API server's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+const DEFAULT_CLIENT_IP_TIMEOUT: i32 = 10800;
+const ITP_CLUSTER: &str = "Cluster";
+const PROTOCOL_TCP: &str = "TCP";
+/// Cluster names a conflict message lists before it counts the rest.
+const NAMES_LISTED: usize = 10;
+
+/// One cluster's export of a namespace/name.
+#[derive(Clone, Debug)]
+pub struct ClusterExport<'a> {
+    /// The name the cluster goes by (see `cluster_name`).
+    pub cluster: &'a str,
+    pub export: &'a ServiceExport,
+    /// The Service of the same namespace/name in that cluster, if there is one.
+    pub service: Option<&'a Service>,
+    /// That cluster's EndpointSlices of the Service (only the import reads them).
+    pub slices: Vec<&'a EndpointSlice>,
+}
+
+/// Whether an export can take part in the import (the `Valid` condition).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Validity {
+    Valid,
+    /// There is no Service of the export's namespace/name.
+    NoService,
+    /// The Service is an ExternalName Service, which KEP-1645 does not export.
+    InvalidServiceType,
+}
+
+impl Validity {
+    /// The condition reason mcs-api names for it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Validity::Valid => "Valid",
+            Validity::NoService => "NoService",
+            Validity::InvalidServiceType => "InvalidServiceType",
+        }
+    }
+}
+
+pub(crate) fn validity(e: &ClusterExport<'_>) -> Validity {
+    match e.service {
+        None => Validity::NoService,
+        Some(s) if spec_of(Some(s)).type_.as_deref() == Some(TYPE_EXTERNAL_NAME) => {
+            Validity::InvalidServiceType
+        }
+        Some(_) => Validity::Valid,
+    }
+}
+
+/// A Service-level property the exports disagree on, named as mcs-api names the `Conflict`
+/// condition's reasons. Bounded: usable as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConflictReason {
+    Type,
+    Port,
+    SessionAffinity,
+    SessionAffinityConfig,
+    InternalTrafficPolicy,
+    TrafficDistribution,
+    IPFamily,
+    Labels,
+    Annotations,
+}
+
+impl ConflictReason {
+    /// Every reason, in the order conditions list them.
+    pub const ALL: [ConflictReason; 9] = [
+        ConflictReason::Type,
+        ConflictReason::Port,
+        ConflictReason::SessionAffinity,
+        ConflictReason::SessionAffinityConfig,
+        ConflictReason::InternalTrafficPolicy,
+        ConflictReason::TrafficDistribution,
+        ConflictReason::IPFamily,
+        ConflictReason::Labels,
+        ConflictReason::Annotations,
+    ];
+
+    /// The `Conflict` condition reason (mcs-api v0.5.0's `ServiceExportReason*Conflict`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            ConflictReason::Type => "TypeConflict",
+            ConflictReason::Port => "PortConflict",
+            ConflictReason::SessionAffinity => "SessionAffinityConflict",
+            ConflictReason::SessionAffinityConfig => "SessionAffinityConfigConflict",
+            ConflictReason::InternalTrafficPolicy => "InternalTrafficPolicyConflict",
+            ConflictReason::TrafficDistribution => "TrafficDistributionConflict",
+            ConflictReason::IPFamily => "IPFamilyConflict",
+            ConflictReason::Labels => "LabelsConflict",
+            ConflictReason::Annotations => "AnnotationsConflict",
+        }
+    }
+
+    fn field(self) -> &'static str {
+        match self {
+            ConflictReason::Type => "type (ClusterSetIP or Headless)",
+            ConflictReason::Port => "ports",
+            ConflictReason::SessionAffinity => "sessionAffinity",
+            ConflictReason::SessionAffinityConfig => "sessionAffinityConfig",
+            ConflictReason::InternalTrafficPolicy => "internalTrafficPolicy",
+            ConflictReason::TrafficDistribution => "trafficDistribution",
+            ConflictReason::IPFamily => "ipFamilies",
+            ConflictReason::Labels => "exportedLabels",
+            ConflictReason::Annotations => "exportedAnnotations",
+        }
+    }
+}
+
+/// One property the exports disagree on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub reason: ConflictReason,
+    /// The cluster of the oldest export, whose value the import takes.
+    pub winner: String,
+    /// The clusters whose value differs from the winner's, sorted.
+    pub clusters: Vec<String>,
+}
+
+impl Conflict {
+    /// A line for the `Conflict` condition: the field, who won and why, who differs.
+    pub fn message(&self) -> String {
+        let taken = if self.reason == ConflictReason::Port {
+            "the import has their union, and where two ports conflict the oldest export's \
+             (cluster {w}) wins"
+        } else {
+            "the import takes the oldest export's (cluster {w})"
+        };
+        let (who, verb) = if self.clusters.len() == 1 {
+            ("cluster", "differs")
+        } else {
+            ("clusters", "differ")
+        };
+        format!(
+            "{}: {}; {who} {} {verb}.",
+            self.reason.field(),
+            taken.replace("{w}", &format!("{:?}", self.winner)),
+            listed(&self.clusters),
+        )
+    }
+}
+
+/// `"a", "b" and 3 more`
+fn listed(names: &[String]) -> String {
+    let shown: Vec<String> = names
+        .iter()
+        .take(NAMES_LISTED)
+        .map(|n| format!("{n:?}"))
+        .collect();
+    let mut out = shown.join(", ");
+    if names.len() > NAMES_LISTED {
+        out.push_str(&format!(" and {} more", names.len() - NAMES_LISTED));
+    }
+    out
+}
+
+/// The shared verdict on one namespace/name.
+#[derive(Debug)]
+pub(crate) struct Judgement<'e, 'a> {
+    /// The valid exports not being deleted, oldest first: `members[0]` wins.
+    pub(crate) members: Vec<&'e ClusterExport<'a>>,
+    pub(crate) conflicts: Vec<Conflict>,
+}
+
+impl<'a> Judgement<'_, 'a> {
+    pub(crate) fn winner(&self) -> Option<&ClusterExport<'a>> {
+        self.members.first().copied()
+    }
+}
+
+/// Oldest export first (creationTimestamp, as KEP-1645's conflict resolution orders them); an
+/// export without one sorts last; ties by cluster name.
+fn age_key<'a>(e: &'a ClusterExport<'_>) -> (bool, Option<&'a Time>, &'a str) {
+    let created = e.export.metadata.creation_timestamp.as_ref();
+    (created.is_none(), created, e.cluster)
+}
+
+/// Checks the inputs (cluster names valid and distinct, every export of `namespace/name`) and
+/// judges them.
+pub(crate) fn judge<'e, 'a>(
+    namespace: &str,
+    name: &str,
+    exports: &'e [ClusterExport<'a>],
+) -> Result<Judgement<'e, 'a>, McsError> {
+    let mut seen = BTreeSet::new();
+    let expected = format!("{namespace}/{name}");
+    for e in exports {
+        if !is_cluster_name(e.cluster) {
+            return Err(McsError::InvalidClusterName(e.cluster.to_string()));
+        }
+        if !seen.insert(e.cluster) {
+            return Err(McsError::DuplicateCluster(e.cluster.to_string()));
+        }
+        let m = &e.export.metadata;
+        let found = format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        );
+        if found != expected {
+            return Err(McsError::OtherKey {
+                cluster: e.cluster.to_string(),
+                expected,
+                found,
+            });
+        }
+    }
+    let mut members: Vec<&ClusterExport<'a>> = exports
+        .iter()
+        .filter(|e| validity(e) == Validity::Valid)
+        .filter(|e| e.export.metadata.deletion_timestamp.is_none())
+        .collect();
+    members.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
+    let conflicts = conflicts(&members);
+    Ok(Judgement { members, conflicts })
+}
+
+static EMPTY_SPEC: LazyLock<ServiceSpec> = LazyLock::new(ServiceSpec::default);
+
+/// The Service's spec, or an empty one.
+fn spec_of(s: Option<&Service>) -> &ServiceSpec {
+    s.and_then(|s| s.spec.as_ref()).unwrap_or(&EMPTY_SPEC)
+}
+
+/// A member's Service spec.
+fn member_spec<'a>(e: &ClusterExport<'a>) -> &'a ServiceSpec {
+    spec_of(e.service)
+}
+
+/// [`CLUSTER_SET_IP`] or [`HEADLESS`].
+pub(crate) fn import_type(spec: &ServiceSpec) -> &'static str {
+    if spec.cluster_ip.as_deref() == Some(CLUSTER_IP_NONE) {
+        HEADLESS
+    } else {
+        CLUSTER_SET_IP
+    }
+}
+
+fn protocol(p: &k8s_openapi::api::core::v1::ServicePort) -> String {
+    p.protocol
+        .clone()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| PROTOCOL_TCP.to_string())
+}
+
+/// A Service port as an import port, with the API server's default protocol.
+pub(crate) fn import_port(p: &k8s_openapi::api::core::v1::ServicePort) -> ServicePort {
+    ServicePort {
+        name: p.name.clone().unwrap_or_default(),
+        protocol: protocol(p),
+        app_protocol: p.app_protocol.clone(),
+        port: p.port,
+    }
+}
+
+fn port_set(spec: &ServiceSpec) -> BTreeSet<ServicePort> {
+    spec.ports.iter().flatten().map(import_port).collect()
+}
+
+/// sessionAffinity with its default.
+pub(crate) fn affinity(spec: &ServiceSpec) -> String {
+    spec.session_affinity
+        .clone()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| AFFINITY_NONE.to_string())
+}
+
+/// The ClientIP timeout with its default; None without ClientIP affinity.
+fn affinity_timeout(spec: &ServiceSpec) -> Option<i32> {
+    (affinity(spec) == AFFINITY_CLIENT_IP).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(DEFAULT_CLIENT_IP_TIMEOUT)
+    })
+}
+
+fn traffic_policy(spec: &ServiceSpec) -> String {
+    spec.internal_traffic_policy
+        .clone()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| ITP_CLUSTER.to_string())
+}
+
+fn families(spec: &ServiceSpec) -> BTreeSet<String> {
+    spec.ip_families.iter().flatten().cloned().collect()
+}
+
+/// The clusters whose `key` differs from the winner's, among those `compared` admits.
+fn differing<K: PartialEq>(
+    members: &[&ClusterExport<'_>],
+    key: impl Fn(&ClusterExport<'_>) -> K,
+    compared: impl Fn(&ClusterExport<'_>) -> bool,
+) -> Vec<String> {
+    let Some((winner, rest)) = members.split_first() else {
+        return Vec::new();
+    };
+    let theirs = key(winner);
+    let mut out: Vec<String> = rest
+        .iter()
+        .filter(|e| compared(e) && key(e) != theirs)
+        .map(|e| e.cluster.to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn conflicts(members: &[&ClusterExport<'_>]) -> Vec<Conflict> {
+    let Some(winner) = members.first() else {
+        return Vec::new();
+    };
+    let all = |_: &ClusterExport<'_>| true;
+    let winner_affinity = affinity(member_spec(winner));
+    let labels = |e: &ClusterExport<'_>| -> BTreeMap<String, String> {
+        e.export.spec.exported_labels.clone()
+    };
+    let annotations = |e: &ClusterExport<'_>| -> BTreeMap<String, String> {
+        e.export.spec.exported_annotations.clone()
+    };
+    let mut out = Vec::new();
+    for reason in ConflictReason::ALL {
+        let clusters = match reason {
+            ConflictReason::Type => differing(members, |e| import_type(member_spec(e)), all),
+            ConflictReason::Port => differing(members, |e| port_set(member_spec(e)), all),
+            ConflictReason::SessionAffinity => {
+                differing(members, |e| affinity(member_spec(e)), all)
+            }
+            // only where the affinity agrees: otherwise SessionAffinity says it
+            ConflictReason::SessionAffinityConfig => differing(
+                members,
+                |e| affinity_timeout(member_spec(e)),
+                |e| affinity(member_spec(e)) == winner_affinity,
+            ),
+            ConflictReason::InternalTrafficPolicy => {
+                differing(members, |e| traffic_policy(member_spec(e)), all)
+            }
+            ConflictReason::TrafficDistribution => differing(
+                members,
+                |e| member_spec(e).traffic_distribution.clone(),
+                all,
+            ),
+            ConflictReason::IPFamily => differing(members, |e| families(member_spec(e)), all),
+            ConflictReason::Labels => differing(members, labels, all),
+            ConflictReason::Annotations => differing(members, annotations, all),
+        };
+        if !clusters.is_empty() {
+            out.push(Conflict {
+                reason,
+                winner: winner.cluster.to_string(),
+                clusters,
+            });
+        }
+    }
+    out
+}
+
+impl Judgement<'_, '_> {
+    /// The union of the members' ports, oldest export first (KEP-1645 "Service Port"): a port
+    /// whose name is taken, whose protocol and number are taken, or that would leave an unnamed
+    /// port beside others is left out. Sorted by name, protocol, number.
+    pub(crate) fn ports(&self) -> Vec<ServicePort> {
+        let mut union: Vec<k8s_openapi::api::core::v1::ServicePort> = Vec::new();
+        for e in &self.members {
+            for p in member_spec(e).ports.iter().flatten() {
+                if port_conflict(&union, p).is_none() {
+                    union.push(p.clone());
+                }
+            }
+        }
+        let mut ports: Vec<ServicePort> = union.iter().map(import_port).collect();
+        ports.sort();
+        ports
+    }
+
+    /// The winner's Service spec.
+    pub(crate) fn winner_spec(&self) -> Option<&ServiceSpec> {
+        self.winner().map(member_spec)
+    }
+
+    /// The members' IP families, the winner's first (its primary family leads), at most two.
+    pub(crate) fn families(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for e in &self.members {
+            for f in member_spec(e).ip_families.iter().flatten() {
+                if !out.contains(f) && out.len() < 2 {
+                    out.push(f.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::mcs::test_support::*;
+    use serde_json::json;
+
+    fn reasons(j: &Judgement<'_, '_>) -> Vec<(&'static str, Vec<String>)> {
+        j.conflicts
+            .iter()
+            .map(|c| (c.reason.reason(), c.clusters.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn validity_of_an_export() {
+        let ex = export("east", "2024-01-01T00:00:00Z");
+        let svc = hello();
+        let external = service(json!({"type": "ExternalName", "externalName": "example.com"}));
+        let table = [
+            (Some(&svc), Validity::Valid, "Valid"),
+            (None, Validity::NoService, "NoService"),
+            (
+                Some(&external),
+                Validity::InvalidServiceType,
+                "InvalidServiceType",
+            ),
+        ];
+        for (service, want, reason) in table {
+            let e = ClusterExport {
+                cluster: "east",
+                export: &ex,
+                service,
+                slices: vec![],
+            };
+            assert_eq!(validity(&e), want);
+            assert_eq!(want.reason(), reason);
+        }
+    }
+
+    #[test]
+    fn the_oldest_valid_export_wins_and_ties_go_by_cluster_name() {
+        let (a, b, c, d) = (
+            export("west", "2024-03-01T00:00:00Z"),
+            export("east", "2024-01-01T00:00:00Z"),
+            export("north", "2024-01-01T00:00:00Z"),
+            export("south", "2023-01-01T00:00:00Z"),
+        );
+        let mut undated = export("alpha", "2024-01-01T00:00:00Z");
+        undated.metadata.creation_timestamp = None;
+        let svc = hello();
+        let exports = [
+            member("west", &a, Some(&svc)),
+            member("east", &b, Some(&svc)),
+            member("north", &c, Some(&svc)),
+            // the oldest, but without a Service: not a member
+            member("south", &d, None),
+            member("alpha", &undated, Some(&svc)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
+        assert_eq!(order, ["east", "north", "west", "alpha"]);
+        assert!(j.conflicts.is_empty(), "{:?}", j.conflicts);
+    }
+
+    #[test]
+    fn an_export_being_deleted_takes_no_part() {
+        let a = export("east", "2024-01-01T00:00:00Z");
+        let mut b = export("west", "2023-01-01T00:00:00Z");
+        b.metadata.deletion_timestamp = Some(time("2024-06-01T00:00:00Z"));
+        let svc = hello();
+        let exports = [
+            member("east", &a, Some(&svc)),
+            member("west", &b, Some(&svc)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        assert_eq!(j.winner().unwrap().cluster, "east");
+        assert_eq!(j.members.len(), 1);
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let a = export("east", "2024-01-01T00:00:00Z");
+        let svc = hello();
+        let bad = [member("East_1", &a, Some(&svc))];
+        assert_eq!(
+            judge("shop", "hello", &bad).unwrap_err(),
+            McsError::InvalidClusterName("East_1".into())
+        );
+        let twice = [member("east", &a, Some(&svc)), member("east", &a, None)];
+        assert_eq!(
+            judge("shop", "hello", &twice).unwrap_err(),
+            McsError::DuplicateCluster("east".into())
+        );
+        let one = [member("east", &a, Some(&svc))];
+        let err = judge("shop", "web", &one).unwrap_err();
+        assert_eq!(err.reason(), "OtherKey");
+        assert!(err.to_string().contains("shop/hello"), "{err}");
+        assert!(judge("shop", "hello", &[]).unwrap().winner().is_none());
+    }
+
+    /// The conflict cases of the conformance suite and KEP-1645, each against the winner's
+    /// hello Service (tcp/42 and udp/42, ClientIP affinity with a 10 s timeout).
+    #[test]
+    fn conflicts_table() {
+        let cases: Vec<(&str, serde_json::Value, Vec<&str>)> = vec![
+            ("identical", json!({}), vec![]),
+            (
+                "headless",
+                json!({"clusterIP": "None"}),
+                vec!["TypeConflict"],
+            ),
+            (
+                "a port added (conformance: the union, with a conflict)",
+                json!({"ports": [{"name": "tcp", "port": 42, "protocol": "TCP"},
+                                 {"name": "stcp", "port": 142, "protocol": "SCTP"}]}),
+                vec!["PortConflict"],
+            ),
+            (
+                "another number under one name",
+                json!({"ports": [{"name": "tcp", "port": 43, "protocol": "TCP"}]}),
+                vec!["PortConflict"],
+            ),
+            (
+                "another appProtocol",
+                json!({"ports": [{"name": "tcp", "port": 42, "protocol": "TCP", "appProtocol": "http"},
+                                 {"name": "udp", "port": 42, "protocol": "UDP"}]}),
+                vec!["PortConflict"],
+            ),
+            (
+                "no affinity",
+                json!({"sessionAffinity": "None", "sessionAffinityConfig": null}),
+                vec!["SessionAffinityConflict"],
+            ),
+            (
+                "another timeout",
+                json!({"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 20}}}),
+                vec!["SessionAffinityConfigConflict"],
+            ),
+            (
+                "internal traffic policy",
+                json!({"internalTrafficPolicy": "Local"}),
+                vec!["InternalTrafficPolicyConflict"],
+            ),
+            (
+                "traffic distribution",
+                json!({"trafficDistribution": "PreferClose"}),
+                vec!["TrafficDistributionConflict"],
+            ),
+            (
+                "dual stack beside single stack",
+                json!({"ipFamilies": ["IPv4", "IPv6"]}),
+                vec!["IPFamilyConflict"],
+            ),
+            (
+                "several at once, in the fixed order",
+                json!({"clusterIP": "None", "internalTrafficPolicy": "Local",
+                       "ports": [{"name": "x", "port": 1}]}),
+                vec![
+                    "TypeConflict",
+                    "PortConflict",
+                    "InternalTrafficPolicyConflict",
+                ],
+            ),
+        ];
+        let older = export("east", "2024-01-01T00:00:00Z");
+        let newer = export("west", "2024-01-01T00:00:02Z");
+        let winner = hello();
+        for (what, change, want) in cases {
+            let theirs = hello_with(change);
+            let exports = [
+                member("west", &newer, Some(&theirs)),
+                member("east", &older, Some(&winner)),
+            ];
+            let j = judge("shop", "hello", &exports).unwrap();
+            let got: Vec<&str> = j.conflicts.iter().map(|c| c.reason.reason()).collect();
+            assert_eq!(got, want, "{what}");
+            assert!(j.conflicts.iter().all(|c| c.winner == "east"), "{what}");
+            assert!(j.conflicts.iter().all(|c| c.clusters == ["west"]), "{what}");
+        }
+    }
+
+    #[test]
+    fn defaults_are_no_conflict() {
+        // unset affinity, timeout, policy and protocol equal the API server's defaults
+        let older = export("east", "2024-01-01T00:00:00Z");
+        let newer = export("west", "2024-01-01T00:00:02Z");
+        let a = service(json!({"sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10800}},
+            "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}));
+        let b = service(json!({"sessionAffinity": "ClientIP",
+            "ports": [{"name": "http", "port": 80}]}));
+        let exports = [
+            member("east", &older, Some(&a)),
+            member("west", &newer, Some(&b)),
+        ];
+        assert!(
+            judge("shop", "hello", &exports)
+                .unwrap()
+                .conflicts
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn exported_labels_and_annotations_conflict() {
+        let mut older = export("east", "2024-01-01T00:00:00Z");
+        older
+            .spec
+            .exported_labels
+            .insert("dummy-label".into(), "true".into());
+        older
+            .spec
+            .exported_annotations
+            .insert("dummy-annotation".into(), "true".into());
+        let mut newer = export("west", "2024-01-01T00:00:02Z");
+        newer
+            .spec
+            .exported_labels
+            .insert("dummy-label2".into(), "true".into());
+        newer
+            .spec
+            .exported_annotations
+            .insert("dummy-annotation2".into(), "true".into());
+        let svc = hello();
+        let exports = [
+            member("east", &older, Some(&svc)),
+            member("west", &newer, Some(&svc)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        assert_eq!(
+            reasons(&j),
+            [
+                ("LabelsConflict", vec!["west".to_string()]),
+                ("AnnotationsConflict", vec!["west".to_string()])
+            ]
+        );
+    }
+
+    #[test]
+    fn three_clusters_the_oldest_wins_and_each_differing_one_is_named() {
+        let (a, b, c) = (
+            export("c1", "2024-01-01T00:00:03Z"),
+            export("c2", "2024-01-01T00:00:01Z"),
+            export("c3", "2024-01-01T00:00:02Z"),
+        );
+        let (s1, s2, s3) = (
+            hello_with(json!({"ports": [{"name": "tcp", "port": 44, "protocol": "TCP"}]})),
+            hello(),
+            hello_with(json!({"clusterIP": "None"})),
+        );
+        let exports = [
+            member("c1", &a, Some(&s1)),
+            member("c2", &b, Some(&s2)),
+            member("c3", &c, Some(&s3)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        assert_eq!(j.winner().unwrap().cluster, "c2");
+        assert_eq!(
+            reasons(&j),
+            [
+                ("TypeConflict", vec!["c3".to_string()]),
+                ("PortConflict", vec!["c1".to_string()])
+            ]
+        );
+        let message = j.conflicts[1].message();
+        assert!(
+            message.contains("\"c2\"") && message.contains("\"c1\""),
+            "{message}"
+        );
+        assert!(
+            message.starts_with("ports: the import has their union"),
+            "{message}"
+        );
+        assert!(message.ends_with("cluster \"c1\" differs."), "{message}");
+    }
+
+    #[test]
+    fn ports_are_the_union_with_the_oldest_winning() {
+        /// (name, protocol, port)
+        type Port<'a> = (&'a str, &'a str, i32);
+        let cases: Vec<(serde_json::Value, Vec<Port>)> = vec![
+            // conformance: a port added by the newer export joins the union
+            (
+                json!([{"name": "tcp", "port": 42, "protocol": "TCP"},
+                       {"name": "stcp", "port": 142, "protocol": "SCTP"}]),
+                vec![
+                    ("stcp", "SCTP", 142),
+                    ("tcp", "TCP", 42),
+                    ("udp", "UDP", 42),
+                ],
+            ),
+            // conformance: the same name with another number: the oldest's stays
+            (
+                json!([{"name": "tcp", "port": 43, "protocol": "TCP"}]),
+                vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+            ),
+            // another name for a taken protocol and number: left out
+            (
+                json!([{"name": "other", "port": 42, "protocol": "TCP"}]),
+                vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+            ),
+            // an unnamed port cannot join named ones
+            (
+                json!([{"port": 8080}]),
+                vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+            ),
+        ];
+        let older = export("east", "2024-01-01T00:00:00Z");
+        let newer = export("west", "2024-01-01T00:00:02Z");
+        let winner = hello();
+        for (ports, want) in cases {
+            let theirs = hello_with(json!({ "ports": ports }));
+            let exports = [
+                member("west", &newer, Some(&theirs)),
+                member("east", &older, Some(&winner)),
+            ];
+            let j = judge("shop", "hello", &exports).unwrap();
+            let got: Vec<(String, String, i32)> = j
+                .ports()
+                .into_iter()
+                .map(|p| (p.name, p.protocol, p.port))
+                .collect();
+            let want: Vec<(String, String, i32)> = want
+                .into_iter()
+                .map(|(n, p, x)| (n.to_string(), p.to_string(), x))
+                .collect();
+            assert_eq!(got, want, "{ports}");
+        }
+    }
+
+    #[test]
+    fn families_lead_with_the_winners_primary() {
+        let older = export("east", "2024-01-01T00:00:00Z");
+        let newer = export("west", "2024-01-01T00:00:02Z");
+        let v6 = hello_with(json!({"ipFamilies": ["IPv6"]}));
+        let dual = hello_with(json!({"ipFamilies": ["IPv4", "IPv6"]}));
+        let exports = [
+            member("east", &older, Some(&v6)),
+            member("west", &newer, Some(&dual)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        assert_eq!(j.families(), ["IPv6", "IPv4"]);
+    }
+
+    #[test]
+    fn long_cluster_lists_are_counted() {
+        let names: Vec<String> = (0..13).map(|i| format!("c{i:02}")).collect();
+        let c = Conflict {
+            reason: ConflictReason::Type,
+            winner: "w".into(),
+            clusters: names,
+        };
+        let m = c.message();
+        assert!(m.ends_with("\"c09\" and 3 more differ."), "{m}");
+        assert!(
+            m.starts_with("type (ClusterSetIP or Headless): the import takes the oldest"),
+            "{m}"
+        );
+    }
+}
