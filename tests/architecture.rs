@@ -146,10 +146,10 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         let parent: Vec<String> = here[..here.len().saturating_sub(1)].to_vec();
         let mut targets = BTreeSet::new();
         let mut add = |path: Vec<String>| {
-            if let Some(t) = resolve(&path, &known) {
-                if &t != f {
-                    targets.insert(t);
-                }
+            if let Some(t) = resolve(&path, &known)
+                && &t != f
+            {
+                targets.insert(t);
             }
         };
         for p in paths_after(&code, "crate::") {
@@ -292,10 +292,10 @@ fn every_room_imports_only_from_rooms_listed_before_it_and_no_files_import_each_
     let mut up = Vec::new();
     for (f, ts) in &graph {
         for t in ts {
-            if let (Some(a), Some(b)) = (rank(f), rank(t)) {
-                if b > a {
-                    up.push(format!("{f} -> {t}"));
-                }
+            if let (Some(a), Some(b)) = (rank(f), rank(t))
+                && b > a
+            {
+                up.push(format!("{f} -> {t}"));
             }
         }
     }

@@ -83,6 +83,73 @@ async fn the_rendered_manifests_are_accepted_by_the_api_server() {
         .arg(&file));
 }
 
+/// The MCS CRDs: none by default; with `mcs.enabled` the three (ServiceExport, ServiceImport,
+/// ClusterProperty), each kept by helm on uninstall (they hold the users' objects), accepted by
+/// the API server; and the template is what scripts/render-mcs-crds writes today.
+#[tokio::test]
+async fn the_mcs_crds_come_only_when_asked_and_helm_never_deletes_them() {
+    let kc = bed().await.kubeconfig.clone();
+    let crds = |docs: &[serde_yaml::Value]| -> Vec<(String, String)> {
+        docs.iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .map(|d| {
+                let name = d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let keep = d["metadata"]["annotations"]["helm.sh/resource-policy"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                (name, keep)
+            })
+            .collect()
+    };
+    let off = template(&kc, &["remoteKubeconfig.existingSecret=x"]).unwrap();
+    assert_eq!(crds(&off), vec![], "no CRD without mcs.enabled");
+    let on_text = support::tools::template_text(
+        &kc,
+        "fair-system",
+        &["remoteKubeconfig.existingSecret=x", "mcs.enabled=true"],
+    )
+    .unwrap();
+    let on = support::tools::documents(&on_text);
+    let keep = |n: &str| (n.to_string(), "keep".to_string());
+    assert_eq!(
+        crds(&on),
+        vec![
+            keep("serviceexports.multicluster.x-k8s.io"),
+            keep("serviceimports.multicluster.x-k8s.io"),
+            keep("clusterproperties.about.k8s.io"),
+        ]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crds.yaml");
+    let only: Vec<&serde_yaml::Value> = on
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    let text: Vec<String> = only
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect();
+    std::fs::write(&file, text.join("---\n")).unwrap();
+    run(Command::new(tool("kubectl"))
+        .env("KUBECONFIG", &kc)
+        .args(["--context", LOCAL, "apply", "--dry-run=server", "-f"])
+        .arg(&file));
+    let rendered = dir.path().join("mcs-crds.yaml");
+    run(Command::new("bash")
+        .current_dir(repo_root())
+        .arg("scripts/render-mcs-crds")
+        .arg(&rendered));
+    let committed = repo_root().join("charts/cross-cluster-controller/templates/mcs-crds.yaml");
+    assert!(
+        std::fs::read_to_string(&rendered).unwrap() == std::fs::read_to_string(committed).unwrap(),
+        "templates/mcs-crds.yaml drifted from scripts/render-mcs-crds: run it again"
+    );
+}
+
 /// What a render gives the daemon about its remotes: the env values it reads them from, the
 /// Secret mounted as the static remote, and the verbs of Roles on Secrets.
 #[derive(Debug, PartialEq)]
