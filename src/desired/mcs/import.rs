@@ -2,16 +2,17 @@
 //! Service (what kube-proxy and cluster DNS serve) and one set of EndpointSlices per exporting
 //! cluster.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Service, ServicePort as CoreServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use sha2::{Digest, Sha256};
 
 use super::change::{derived_is_ours, import_is_ours};
 use super::error::McsError;
-use super::judge::{ClusterExport, Conflict, Judgement, import_type, judge};
+use super::judge::{ClusterExport, Conflict, Judgement, import_port, import_type, judge};
 use super::types::{
     CLUSTER_SET_IP, ClusterStatus, MCS_API_VERSION, ServiceExportSpec, ServiceImport,
     ServiceImportSpec, ServiceImportStatus, ServicePort,
@@ -33,6 +34,8 @@ const SINGLE_STACK: &str = "SingleStack";
 const PREFER_DUAL_STACK: &str = "PreferDualStack";
 const IPV4: &str = "IPv4";
 const IPV6: &str = "IPv6";
+/// The API server's default protocol of a port.
+const PROTOCOL_TCP: &str = "TCP";
 /// Characters of the hash in a derived Service's name (as mcs-api's reference controller).
 const DERIVED_HASH_LEN: usize = 10;
 
@@ -168,7 +171,14 @@ pub fn import(
                 &derived,
                 owner.clone(),
             )),
-            endpoint_slices(&judgement, namespace, name, &derived, &owner),
+            endpoint_slices(
+                &judgement,
+                &service_import.spec,
+                namespace,
+                name,
+                &derived,
+                &owner,
+            ),
         ),
         None => (None, Vec::new()),
     };
@@ -334,11 +344,15 @@ fn derived_service(
 
 /// One set of slices per exporting cluster, for the derived Service: each cluster's endpoints
 /// (addresses, conditions, hostname, zone; nodeName and targetRef name objects of that cluster
-/// and are dropped) with its slices' ports, so kube-proxy sends a port's traffic only to the
-/// clusters whose Service has it. Slices we wrote ourselves (either mode) are never exported
+/// and are dropped) with those of its slices' ports that its Service shares with the import
+/// (see [`shared_ports`]), so kube-proxy sends a port's traffic only to the clusters whose
+/// Service has that very port. A ClusterSetIP import drops endpoints left with no port (they
+/// would serve nothing); a Headless one keeps them, as DNS answers their addresses and
+/// hostnames whatever the ports. Slices we wrote ourselves (either mode) are never exported
 /// again: only a cluster's own endpoints are its.
 fn endpoint_slices(
     judgement: &Judgement<'_, '_>,
+    spec: &ServiceImportSpec,
     namespace: &str,
     name: &str,
     derived: &str,
@@ -367,7 +381,14 @@ fn endpoint_slices(
                     .is_none_or(|m| m != MANAGED_BY)
             })
             .collect();
-        let groups = slices::group_endpoints(&own);
+        let shared = shared_ports(e, &spec.ports);
+        let own: Vec<Cow<'_, EndpointSlice>> =
+            own.into_iter().map(|s| only_ports(s, &shared)).collect();
+        let own: Vec<&EndpointSlice> = own.iter().map(|s| s.as_ref()).collect();
+        let mut groups = slices::group_endpoints(&own);
+        if spec.type_ == CLUSTER_SET_IP {
+            groups.retain(|g| !g.ports.is_empty());
+        }
         let labels: StringMap = BTreeMap::from([
             (MCS_SERVICE_NAME_LABEL.to_string(), name.to_string()),
             (MCS_SOURCE_CLUSTER_LABEL.to_string(), e.cluster.to_string()),
@@ -391,6 +412,49 @@ fn endpoint_slices(
     out
 }
 
+/// The (name, protocol) of each port of the member's Service that is the import's port of that
+/// name: same protocol and number. A port that lost to another cluster's of the same name (or
+/// of the same protocol and number) is not among them: its endpoints must not answer for the
+/// winner's port of that name. Slice ports carry the pods' target numbers, so the Service's
+/// ports are compared, not the slice's.
+fn shared_ports(e: &ClusterExport<'_>, ports: &[ServicePort]) -> BTreeSet<(String, String)> {
+    e.service
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(import_port)
+        .filter(|p| {
+            ports
+                .iter()
+                .any(|q| q.name == p.name && q.protocol == p.protocol && q.port == p.port)
+        })
+        .map(|p| (p.name, p.protocol))
+        .collect()
+}
+
+/// The slice with only the ports `shared` names; borrowed when it has no other.
+fn only_ports<'s>(
+    slice: &'s EndpointSlice,
+    shared: &BTreeSet<(String, String)>,
+) -> Cow<'s, EndpointSlice> {
+    let kept = |p: &EndpointPort| {
+        let name = p.name.clone().unwrap_or_default();
+        let protocol = p
+            .protocol
+            .clone()
+            .unwrap_or_else(|| PROTOCOL_TCP.to_string());
+        shared.contains(&(name, protocol))
+    };
+    let ports = slice.ports.as_deref().unwrap_or_default();
+    if ports.iter().all(kept) {
+        return Cow::Borrowed(slice);
+    }
+    let mut owned = slice.clone();
+    owned.ports = Some(ports.iter().filter(|p| kept(p)).cloned().collect());
+    Cow::Owned(owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,16 +466,93 @@ mod tests {
 
     /// A slice of `shop/hello` as kube-controller-manager writes it.
     fn kcm_slice(name: &str, address_type: &str, endpoints: Vec<Value>) -> EndpointSlice {
+        kcm_slice_with(
+            name,
+            address_type,
+            json!([{"name": "tcp", "port": 42, "protocol": "TCP"},
+                   {"name": "udp", "port": 42, "protocol": "UDP"}]),
+            endpoints,
+        )
+    }
+
+    /// A slice of `shop/hello` with these ports (kube-controller-manager writes the Service
+    /// ports' names and protocols with the pods' target port numbers).
+    fn kcm_slice_with(
+        name: &str,
+        address_type: &str,
+        ports: Value,
+        endpoints: Vec<Value>,
+    ) -> EndpointSlice {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "shop",
                          "labels": {"kubernetes.io/service-name": "hello",
                                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
             "addressType": address_type,
-            "ports": [{"name": "tcp", "port": 42, "protocol": "TCP"},
-                      {"name": "udp", "port": 42, "protocol": "UDP"}],
+            "ports": ports,
             "endpoints": endpoints,
         }))
         .unwrap()
+    }
+
+    /// Each desired slice's source cluster with its ports as `name/protocol/number`.
+    fn slice_ports(got: &Import) -> Vec<(String, Vec<String>)> {
+        got.slices
+            .iter()
+            .map(|s| {
+                let cluster = crate::desired::mcs::slice_source_cluster(s).unwrap_or_default();
+                let ports = s
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| {
+                        format!(
+                            "{}/{}/{}",
+                            p.name.as_deref().unwrap_or(""),
+                            p.protocol.as_deref().unwrap_or(""),
+                            p.port.unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                (cluster.to_string(), ports)
+            })
+            .collect()
+    }
+
+    /// The StrictPortConflict spec of the suite's connectivity.go: cluster 2's hello has only
+    /// `tcp` 4242 (targetPort 42) against cluster 1's `tcp` 42 and `udp` 42.
+    fn strict_port_conflict(
+        b: &Bed,
+        east: &Service,
+        west: &Service,
+        east_slice: &EndpointSlice,
+        west_slice: &EndpointSlice,
+        ips: &[&str],
+    ) -> Import {
+        let exports = [
+            ClusterExport {
+                cluster: "west",
+                export: &b.newer,
+                service: Some(west),
+                slices: vec![west_slice],
+            },
+            ClusterExport {
+                cluster: "east",
+                export: &b.older,
+                service: Some(east),
+                slices: vec![east_slice],
+            },
+        ];
+        if ips.is_empty() {
+            let first = import("shop", "hello", &exports, None, None)
+                .unwrap()
+                .unwrap();
+            let live_si = created(&first.service_import);
+            import("shop", "hello", &exports, Some(&live_si), None)
+                .unwrap()
+                .unwrap()
+        } else {
+            converge(&exports, ips, &["IPv4"])
+        }
     }
 
     /// The live ServiceImport as the API server returns `desired` once created.
@@ -726,6 +867,170 @@ mod tests {
         let clusters = &got.service_import.status.as_ref().unwrap().clusters;
         assert_eq!(clusters.len(), 2);
         assert_eq!(clusters[0].cluster, "east");
+    }
+
+    #[test]
+    fn a_losing_port_of_the_same_name_reaches_only_the_winner() {
+        // conformance (StrictPortConflict): west exports `tcp` 4242 against east's `tcp` 42.
+        // Its slice names the port `tcp` with the pods' port 42; carried over, kube-proxy would
+        // send the import's tcp/42 to west's pods.
+        let b = bed();
+        let east = hello();
+        let west = hello_with(json!({"ports": [
+            {"name": "tcp", "port": 4242, "protocol": "TCP", "targetPort": 42}]}));
+        let ea = kcm_slice("hello-a", "IPv4", vec![endpoint("10.1.0.5")]);
+        let wa = kcm_slice_with(
+            "hello-w",
+            "IPv4",
+            json!([{"name": "tcp", "port": 42, "protocol": "TCP"}]),
+            vec![endpoint("10.2.0.5")],
+        );
+        let got = strict_port_conflict(&b, &east, &west, &ea, &wa, &["10.96.7.7"]);
+        let ports: Vec<(&str, &str, i32)> = got
+            .service_import
+            .spec
+            .ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.protocol.as_str(), p.port))
+            .collect();
+        assert_eq!(ports, [("tcp", "TCP", 42), ("udp", "UDP", 42)]);
+        let reasons: Vec<&str> = got.conflicts.iter().map(|c| c.reason.reason()).collect();
+        assert_eq!(reasons, ["PortConflict"]);
+        // west's endpoints serve no port of the import: no slice of west at all
+        assert_eq!(
+            slice_ports(&got),
+            [(
+                "east".to_string(),
+                vec!["tcp/TCP/42".to_string(), "udp/UDP/42".to_string()]
+            )]
+        );
+        // west still exports hello: it stays in the import's clusters
+        let clusters: Vec<&str> = got
+            .service_import
+            .status
+            .as_ref()
+            .unwrap()
+            .clusters
+            .iter()
+            .map(|c| c.cluster.as_str())
+            .collect();
+        assert_eq!(clusters, ["east", "west"]);
+    }
+
+    #[test]
+    fn a_losing_port_of_another_protocol_is_dropped_and_its_others_kept() {
+        // west's `udp` is SCTP: it loses to east's `udp` UDP/42; its `tcp` is east's and stays
+        let b = bed();
+        let east = hello();
+        let west = hello_with(json!({"ports": [
+            {"name": "tcp", "port": 42, "protocol": "TCP", "targetPort": 8042},
+            {"name": "udp", "port": 42, "protocol": "SCTP", "targetPort": 42}]}));
+        let ea = kcm_slice("hello-a", "IPv4", vec![endpoint("10.1.0.5")]);
+        let wa = kcm_slice_with(
+            "hello-w",
+            "IPv4",
+            json!([{"name": "tcp", "port": 8042, "protocol": "TCP"},
+                   {"name": "udp", "port": 42, "protocol": "SCTP"}]),
+            vec![endpoint("10.2.0.5")],
+        );
+        let got = strict_port_conflict(&b, &east, &west, &ea, &wa, &["10.96.7.7"]);
+        let mut got_ports = slice_ports(&got);
+        got_ports.sort();
+        assert_eq!(
+            got_ports,
+            [
+                (
+                    "east".to_string(),
+                    vec!["tcp/TCP/42".to_string(), "udp/UDP/42".to_string()]
+                ),
+                // the same Service port (tcp TCP/42), west's own target port
+                ("west".to_string(), vec!["tcp/TCP/8042".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn differently_named_ports_reach_each_only_its_cluster() {
+        // conformance (StrictPortConflict): west's `tcp2` 4242 joins the import, its traffic
+        // goes only to west, and tcp/42 only to east
+        let b = bed();
+        let east = hello();
+        let west = hello_with(json!({"ports": [
+            {"name": "tcp2", "port": 4242, "protocol": "TCP", "targetPort": 42}]}));
+        let ea = kcm_slice("hello-a", "IPv4", vec![endpoint("10.1.0.5")]);
+        let wa = kcm_slice_with(
+            "hello-w",
+            "IPv4",
+            json!([{"name": "tcp2", "port": 42, "protocol": "TCP"}]),
+            vec![endpoint("10.2.0.5")],
+        );
+        let got = strict_port_conflict(&b, &east, &west, &ea, &wa, &["10.96.7.7"]);
+        let names: Vec<&str> = got
+            .service_import
+            .spec
+            .ports
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["tcp", "tcp2", "udp"]);
+        let mut got_ports = slice_ports(&got);
+        got_ports.sort();
+        assert_eq!(
+            got_ports,
+            [
+                (
+                    "east".to_string(),
+                    vec!["tcp/TCP/42".to_string(), "udp/UDP/42".to_string()]
+                ),
+                ("west".to_string(), vec!["tcp2/TCP/42".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_headless_import_keeps_a_losers_endpoints_without_the_conflicting_port() {
+        // no kube-proxy for a headless import, but SRV records come from slice ports: west's
+        // pods must not answer for east's `tcp`; their addresses and hostnames still answer
+        let b = bed();
+        let east = hello_with(json!({"clusterIP": "None", "clusterIPs": ["None"]}));
+        let west = hello_with(
+            json!({"clusterIP": "None", "clusterIPs": ["None"], "ports": [
+            {"name": "tcp", "port": 4242, "protocol": "TCP", "targetPort": 42}]}),
+        );
+        let ea = kcm_slice("hello-a", "IPv4", vec![endpoint("10.1.0.5")]);
+        let mut wep = endpoint("10.2.0.5");
+        wep["hostname"] = json!("hello-ss-0");
+        let wa = kcm_slice_with(
+            "hello-w",
+            "IPv4",
+            json!([{"name": "tcp", "port": 42, "protocol": "TCP"}]),
+            vec![wep],
+        );
+        let got = strict_port_conflict(&b, &east, &west, &ea, &wa, &[]);
+        assert_eq!(got.service_import.spec.type_, HEADLESS);
+        let mut got_ports = slice_ports(&got);
+        got_ports.sort();
+        assert_eq!(
+            got_ports,
+            [
+                (
+                    "east".to_string(),
+                    vec!["tcp/TCP/42".to_string(), "udp/UDP/42".to_string()]
+                ),
+                ("west".to_string(), vec![]),
+            ]
+        );
+        let west_slice = got
+            .slices
+            .iter()
+            .find(|s| crate::desired::mcs::slice_source_cluster(s) == Some("west"))
+            .unwrap();
+        assert!(west_slice.ports.is_none());
+        assert_eq!(west_slice.endpoints[0].addresses, ["10.2.0.5"]);
+        assert_eq!(
+            west_slice.endpoints[0].hostname.as_deref(),
+            Some("hello-ss-0")
+        );
     }
 
     #[test]

@@ -50,8 +50,14 @@
 //!   listings of the Service never count them) and `endpointslice.kubernetes.io/managed-by`.
 //!   Endpoints are copied as the label mode copies them (addresses, ready/serving/terminating,
 //!   hostname for `<hostname>.<clusterid>.<svc>.<ns>.svc.clusterset.local`, zone; nodeName,
-//!   targetRef and hints dropped), at most 1000 per slice, with their own slices' ports, so a
-//!   port's traffic reaches only the clusters whose Service has it.
+//!   targetRef and hints dropped), at most 1000 per slice, with those of their own slices'
+//!   ports whose Service port is the import's port of that name (same protocol and number), so
+//!   a port's traffic reaches only the clusters whose Service has that very port. A port that
+//!   lost a conflict (StrictPortConflict: `tcp` 4242 against the winner's `tcp` 42) is dropped
+//!   from that cluster's slices: kube-proxy matches slice ports by name, and would otherwise
+//!   send the winner's port to the loser's pods. A ClusterSetIP import drops endpoints left with
+//!   no port; a Headless one keeps them without ports, so their A and `<hostname>.<clusterid>`
+//!   records still answer (CoreDNS lists no SRV record for them).
 //! * **Labels and annotations of the ServiceImport**: the winner's `exportedLabels` and
 //!   `exportedAnnotations` (never the Service's), minus what the API server would refuse; the
 //!   keys copied are recorded so that a key the winner stops exporting is removed while keys
