@@ -5,14 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, Endpoints};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::api::PROTOCOL_TCP;
 use super::meta::{self, StringMap};
 use super::options::{
     EndpointsMode, MAX_ENDPOINTS_ADDRESSES, OVER_CAPACITY_ANNOTATION, OVER_CAPACITY_TRUNCATED,
     Options, SKIP_MIRROR_LABEL,
 };
 use super::slices::{self, Group, PortKey};
-
-const PROTOCOL_TCP: &str = "TCP";
 
 /// `(ip, hostname)`, ordered.
 type Addr = (String, Option<String>);

@@ -14,6 +14,7 @@
 //! * [`mcs`]: the Multi-Cluster Services API (ServiceExport status, ServiceImport, derived
 //!   Service and slices), beside the label mode.
 
+mod api;
 mod endpoints;
 pub(crate) mod follower;
 pub mod mcs;

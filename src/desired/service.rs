@@ -4,18 +4,12 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::api::{
+    AFFINITY_CLIENT_IP, AFFINITY_NONE, CLUSTER_IP_NONE, DEFAULT_CLIENT_IP_TIMEOUT,
+    PREFER_DUAL_STACK, PROTOCOL_TCP, TYPE_CLUSTER_IP, TYPE_EXTERNAL_NAME,
+};
 use super::meta;
 use super::options::Options;
-
-const TYPE_CLUSTER_IP: &str = "ClusterIP";
-const TYPE_EXTERNAL_NAME: &str = "ExternalName";
-const CLUSTER_IP_NONE: &str = "None";
-const AFFINITY_NONE: &str = "None";
-const AFFINITY_CLIENT_IP: &str = "ClientIP";
-/// The API server's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
-const DEFAULT_CLIENT_IP_TIMEOUT: i32 = 10800;
-const PROTOCOL_TCP: &str = "TCP";
-const PREFER_DUAL_STACK: &str = "PreferDualStack";
 
 /// What to do with the live local follower Service.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,13 +8,13 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use sha2::{Digest, Sha256};
 
+use super::api::PROTOCOL_TCP;
 use super::meta::{self, StringMap};
 use super::options::{
     FOLLOWER_VALUE, MANAGED_BY, MANAGED_BY_LABEL, MAX_ENDPOINTS_PER_SLICE,
     MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
 };
 
-const PROTOCOL_TCP: &str = "TCP";
 const MAX_NAME_LENGTH: usize = 253;
 
 /// An EndpointSlice port with the API server's defaults applied (name "" and protocol TCP).

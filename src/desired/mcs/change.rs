@@ -8,15 +8,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::types::{ServiceImport, ServiceImportSpec, ServiceImportStatus};
 use super::{COPIED_ANNOTATIONS_ANNOTATION, MCS_SERVICE_NAME_LABEL, OWNER_LABEL};
+use crate::desired::api::{AFFINITY_NONE, ITP_CLUSTER, PROTOCOL_TCP, SINGLE_STACK};
 use crate::desired::meta;
 use crate::desired::options::{MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 use crate::desired::service::{ServiceChange, service_change};
 use crate::desired::slices::slice_change;
-
-const AFFINITY_NONE: &str = "None";
-const PROTOCOL_TCP: &str = "TCP";
-const ITP_CLUSTER: &str = "Cluster";
-const SINGLE_STACK: &str = "SingleStack";
 
 /// What to do with a live object, given the desired one.
 #[derive(Clone, Debug, PartialEq)]

@@ -21,6 +21,9 @@ use super::{
     COPIED_ANNOTATIONS_ANNOTATION, COPIED_LABELS_ANNOTATION, DERIVED_SERVICE_ANNOTATION,
     MCS_SERVICE_NAME_LABEL, OWNER_LABEL,
 };
+use crate::desired::api::{
+    CLUSTER_IP_NONE, IPV4, IPV6, PREFER_DUAL_STACK, PROTOCOL_TCP, SINGLE_STACK, TYPE_CLUSTER_IP,
+};
 use crate::desired::meta::{self, StringMap};
 use crate::desired::options::{
     COPIED_LABELS_SUFFIX, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL,
@@ -28,14 +31,6 @@ use crate::desired::options::{
 };
 use crate::desired::slices;
 
-const TYPE_CLUSTER_IP: &str = "ClusterIP";
-const CLUSTER_IP_NONE: &str = "None";
-const SINGLE_STACK: &str = "SingleStack";
-const PREFER_DUAL_STACK: &str = "PreferDualStack";
-const IPV4: &str = "IPv4";
-const IPV6: &str = "IPv6";
-/// The API server's default protocol of a port.
-const PROTOCOL_TCP: &str = "TCP";
 /// Characters of the hash in a derived Service's name (as mcs-api's reference controller).
 const DERIVED_HASH_LEN: usize = 10;
 

@@ -13,16 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::cluster::is_cluster_name;
 use super::error::McsError;
 use super::types::{CLUSTER_SET_IP, HEADLESS, ServiceExport, ServicePort};
+use crate::desired::api::{
+    AFFINITY_CLIENT_IP, AFFINITY_NONE, CLUSTER_IP_NONE, DEFAULT_CLIENT_IP_TIMEOUT, ITP_CLUSTER,
+    PROTOCOL_TCP, TYPE_EXTERNAL_NAME,
+};
 use crate::desired::merge::port_conflict;
 
-const TYPE_EXTERNAL_NAME: &str = "ExternalName";
-const CLUSTER_IP_NONE: &str = "None";
-const AFFINITY_NONE: &str = "None";
-const AFFINITY_CLIENT_IP: &str = "ClientIP";
-/// The API server's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
-const DEFAULT_CLIENT_IP_TIMEOUT: i32 = 10800;
-const ITP_CLUSTER: &str = "Cluster";
-const PROTOCOL_TCP: &str = "TCP";
 /// Cluster names a conflict message lists before it counts the rest.
 const NAMES_LISTED: usize = 10;
 
