@@ -53,6 +53,18 @@ pub async fn run(config: Config) -> Result<()> {
     let ctl = Arc::new(worker::Controller::new(ctx.clone(), queue.clone(), leader));
     let timeout = config.remotes.watch_timeout();
 
+    if let Some(mcs) = &ctx.mcs {
+        check_mcs(local, mcs).await?;
+        let source = crate::watch::mcs::Source {
+            cluster: std::sync::Arc::clone(&mcs.source),
+            client: local.clone(),
+            namespaces: config.reconcile.namespaces.clone(),
+            timeout,
+            stop: sup.child_token(),
+        };
+        crate::watch::mcs::source(&sup, &ctl, source);
+        crate::watch::mcs::destination(&sup, &ctl, local, mcs, timeout);
+    }
     join::static_remotes(&sup, &ctl, &clients, &config.remotes).await;
     crate::watch::local::followers(&sup, &ctl, local, timeout);
     crate::watch::local::namespaces(&sup, &ctl, local, timeout);
@@ -68,6 +80,7 @@ pub async fn run(config: Config) -> Result<()> {
     let mut scheduler = schedule::start(&config.sweep_cron, &sweep_now).await?;
     sweep::spawn(&sup, &ctl, &sweep_now, config.sweep.clone());
     resync::on_gain(&sup, &ctl, &sweep_now);
+    resync::mcs_on_gain(&sup, &ctl);
     let admin_state = admin::AdminState {
         metrics: Arc::clone(&metrics),
         remotes: Arc::clone(&ctx.remotes),
@@ -88,6 +101,38 @@ pub async fn run(config: Config) -> Result<()> {
             info!("stopped");
             Ok(())
         }
+    }
+}
+
+/// With `--mcs`: the local cluster serves the MCS API (its CRDs are installed) and has a name
+/// (a ClusterProperty `cluster.clusterset.k8s.io` or `--local-cluster-name`).
+async fn check_mcs(local: &kube::Client, mcs: &crate::state::McsLocal) -> Result<()> {
+    use crate::desired::mcs::{CLUSTER_ID_PROPERTY, ClusterProperty, ServiceExport, ServiceImport};
+    let lp = kube::api::ListParams::default().limit(1);
+    let served = |kind: &str, e: kube::Error| {
+        Error::Config(format!(
+            "--mcs: the local cluster does not serve {kind} (multicluster.x-k8s.io/v1beta1): {e}; install the MCS API's CRDs (the chart's mcs.enabled=true does)"
+        ))
+    };
+    kube::Api::<ServiceExport>::all(local.clone())
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| served("ServiceExports", e))?;
+    kube::Api::<ServiceImport>::all(local.clone())
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| served("ServiceImports", e))?;
+    if !mcs.source.fallback.is_empty() {
+        return Ok(());
+    }
+    let property = kube::Api::<ClusterProperty>::all(local.clone())
+        .get_opt(CLUSTER_ID_PROPERTY)
+        .await;
+    match property {
+        Ok(Some(p)) if crate::desired::mcs::is_cluster_name(&p.spec.value) => Ok(()),
+        _ => Err(Error::Config(
+            "--mcs needs this cluster's name: a ClusterProperty cluster.clusterset.k8s.io (about.k8s.io/v1alpha1) with a valid value, or --local-cluster-name".into(),
+        )),
     }
 }
 
@@ -131,6 +176,7 @@ fn log_start(config: &Config, clients: &Clients, listener: &tokio::net::TcpListe
         local_server = %clients.local_authority,
         remote = %clients.remotes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
         label_key = %config.reconcile.opts.label_key,
+        mcs = config.reconcile.mcs.is_some(),
         dry_run = config.reconcile.dry_run,
         admin = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         "starting"

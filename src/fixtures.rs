@@ -494,6 +494,7 @@ pub fn ctx(
         fallback_ref: ObjectReference::default(),
         events_sent: parking_lot::Mutex::new(EventLimiter::new(Duration::from_secs(300))),
         export_conflicts: parking_lot::Mutex::default(),
+        mcs: None,
     }
 }
 

@@ -94,6 +94,16 @@ pub struct Args {
     #[arg(long, env = "CREATE_NAMESPACES")]
     pub create_namespaces: bool,
 
+    /// Also serve the Multi-Cluster Services API (KEP-1645): ServiceExports in every cluster
+    /// read, the local one included, become ServiceImports here (needs its CRDs).
+    #[arg(long, env = "MCS")]
+    pub mcs: bool,
+
+    /// This cluster's MCS name when it carries no ClusterProperty cluster.clusterset.k8s.io
+    /// (with --mcs; one of the two is needed).
+    #[arg(long, env = "LOCAL_CLUSTER_NAME")]
+    pub local_cluster_name: Option<String>,
+
     /// Address of the admin server (/healthz, /readyz, /metrics).
     #[arg(long, env = "ADMIN_BIND", default_value = "0.0.0.0:8080")]
     pub admin_bind: SocketAddr,
@@ -217,6 +227,16 @@ impl Args {
                 "--cluster-name {name:?} must be 1 to 253 characters"
             ));
         }
+        if let Some(name) = &self.local_cluster_name {
+            if !self.mcs {
+                return Err("--local-cluster-name needs --mcs".into());
+            }
+            if !crate::desired::mcs::is_cluster_name(name) {
+                return Err(format!(
+                    "--local-cluster-name {name:?} is not a cluster name (a lowercase DNS name usable as a label value: letters, digits, - and ., at most 63 characters)"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -255,6 +275,7 @@ impl Args {
                 api_timeout: self.api_timeout(),
                 stale_after: self.remote_stale_after_seconds.map(Duration::from_secs),
                 client: client.clone(),
+                mcs: self.mcs,
             },
             client,
             secrets,
@@ -266,6 +287,9 @@ impl Args {
                 api_timeout: self.api_timeout(),
                 lease: (lease.namespace.clone(), lease.name.clone()),
                 identity: lease.identity.clone(),
+                mcs: self.mcs.then(|| crate::reconcile::McsSettings {
+                    local_name: self.local_cluster_name.clone(),
+                }),
             },
             lease,
             sweep: crate::reconcile::sweep::Settings {

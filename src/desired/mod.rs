@@ -80,7 +80,8 @@ mod tests {
         assert_eq!(
             o.foreign_slice_selector(),
             "endpointslice.kubernetes.io/managed-by!=endpointslice-controller.k8s.io,\
-             kubernetes.io/service-name,fair.com/cross-cluster notin (true,follower)"
+             kubernetes.io/service-name,fair.com/cross-cluster notin (true,follower),\
+             !multicluster.kubernetes.io/service-name"
         );
         assert_eq!(
             o.origin_cluster_annotation(),

@@ -104,12 +104,14 @@ impl Options {
     /// a `kubernetes.io/service-name`, not made by kube-controller-manager's EndpointSlice
     /// controller (which copies the Service's labels, export label included, onto its slices),
     /// and carrying neither `<key>=true` (the export-labelled watch has them) nor
-    /// `<key>=follower` (another instance's followers in that cluster). Unrelated slices of
+    /// `<key>=follower` (another instance's followers in that cluster), nor the MCS
+    /// `multicluster.kubernetes.io/service-name` (the MCS slices written there: imports, not exports). Unrelated slices of
     /// selector Services, the bulk of a cluster's slices, are filtered out by the API server.
     pub fn foreign_slice_selector(&self) -> String {
         format!(
-            "{MANAGED_BY_LABEL}!={KCM_SLICE_CONTROLLER},{SERVICE_NAME_LABEL},{} notin ({EXPORT_VALUE},{FOLLOWER_VALUE})",
-            self.label_key
+            "{MANAGED_BY_LABEL}!={KCM_SLICE_CONTROLLER},{SERVICE_NAME_LABEL},{} notin ({EXPORT_VALUE},{FOLLOWER_VALUE}),!{}",
+            self.label_key,
+            crate::desired::mcs::MCS_SERVICE_NAME_LABEL
         )
     }
 

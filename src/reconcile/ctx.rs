@@ -17,23 +17,55 @@ use crate::desired::Options;
 use crate::desired::Outcome;
 use crate::error::Result;
 use crate::runtime::metrics::{ByRemoteKind, ByRemoteReason, Metrics};
-use crate::state::{Cache, GroupKey, LocalState, Remotes};
+use crate::state::{Cache, GroupKey, LocalState, McsCluster, McsLocal, Remotes};
 
 /// What a reconcile works on: one local follower (namespace/name), whichever remotes export it,
-/// so two remotes can never write one local object at once.
+/// so two remotes can never write one local object at once; or one MCS import of that
+/// namespace/name, whichever clusters export it. The two never share an object (a follower is
+/// `<name>`, an import's Service `derived-<hash>`), so their keys never contend.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
     pub namespace: String,
     pub name: String,
+    pub mode: Mode,
+}
+
+/// Which path a key takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// the label mode: a follower Service and its slices
+    Follower,
+    /// the Multi-Cluster Services API: a ServiceImport, its derived Service and slices, and
+    /// the local ServiceExport's status
+    Mcs,
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        match self.mode {
+            Mode::Follower => write!(f, "{}/{}", self.namespace, self.name),
+            Mode::Mcs => write!(f, "mcs:{}/{}", self.namespace, self.name),
+        }
     }
 }
 
 impl Key {
+    pub fn follower((namespace, name): GroupKey) -> Self {
+        Self {
+            namespace,
+            name,
+            mode: Mode::Follower,
+        }
+    }
+
+    pub fn mcs((namespace, name): GroupKey) -> Self {
+        Self {
+            namespace,
+            name,
+            mode: Mode::Mcs,
+        }
+    }
+
     pub fn group(&self) -> GroupKey {
         (self.namespace.clone(), self.name.clone())
     }
@@ -79,6 +111,15 @@ pub struct Ctx {
     pub events_sent: Mutex<EventLimiter>,
     /// keys whose exports conflict now: (losing remote, conflict kind) each
     pub export_conflicts: Mutex<HashMap<GroupKey, Vec<(String, &'static str)>>>,
+    /// the Multi-Cluster Services API (`--mcs`)
+    pub mcs: Option<Arc<McsLocal>>,
+}
+
+/// How the Multi-Cluster Services API is served (`--mcs`).
+#[derive(Clone, Debug, Default)]
+pub struct McsSettings {
+    /// this cluster's name when it has no ClusterProperty `cluster.clusterset.k8s.io`
+    pub local_name: Option<String>,
 }
 
 /// How reconcile passes write.
@@ -98,6 +139,8 @@ pub struct Settings {
     pub lease: (String, String),
     /// this replica's identity, on its Events
     pub identity: String,
+    /// None: the MCS API is not served
+    pub mcs: Option<McsSettings>,
 }
 
 /// Who records our Events.
@@ -141,6 +184,10 @@ impl Ctx {
             fallback_ref,
             events_sent: Mutex::new(EventLimiter::new(std::time::Duration::from_secs(300))),
             export_conflicts: Mutex::default(),
+            mcs: settings.mcs.map(|m| {
+                let fallback = m.local_name.unwrap_or_default();
+                Arc::new(McsLocal::new(Arc::new(McsCluster::new("local", &fallback))))
+            }),
         }
     }
 }

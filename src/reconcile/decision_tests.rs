@@ -49,6 +49,7 @@ fn setup(
 
 fn key() -> Key {
     Key {
+        mode: crate::reconcile::Mode::Follower,
         namespace: "shop".into(),
         name: "web".into(),
     }

@@ -25,6 +25,37 @@ pub fn when_ready(ctl: &Controller, s: &RemoteState) -> bool {
     true
 }
 
+/// With `--mcs`, on every leadership gain: every MCS key once the local MCS caches are complete
+/// (an MCS pass before that returns NotReady; those caches never become incomplete again, and
+/// each remote's exports are queued by its own listings as they complete). Apart from the label
+/// mode's resync, so that neither waits for the other.
+pub fn mcs_on_gain(sup: &Supervisor, ctl: &Arc<Controller>) {
+    let Some(mcs) = ctl.ctx.mcs.clone() else {
+        return;
+    };
+    let ctl = Arc::clone(ctl);
+    let mut leader = ctl.leader.clone();
+    sup.spawn_until_shutdown("MCS resync on leadership gain", async move {
+        let mut was_leader = false;
+        loop {
+            let leading = leader.is_leader();
+            if leading && !was_leader {
+                while ctl.leader.is_leader() && !mcs.ready() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                if ctl.leader.is_leader() {
+                    info!("MCS caches synced; reconciling every export and import");
+                    ctl.enqueue_all_mcs();
+                }
+            }
+            was_leader = leading;
+            if leader.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    });
+}
+
 /// On every leadership gain: sweep (fresh listings, no cache needed), and reconcile every leader
 /// of each remote as soon as that remote's caches are complete; a broken remote does not hold
 /// the others back.

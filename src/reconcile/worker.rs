@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use tracing::{error, warn};
 
-use super::ctx::{Ctx, Key};
+use super::ctx::{Ctx, Key, Mode};
 use super::pass::reconcile;
 use crate::desired::Outcome;
 use crate::error::Error;
@@ -22,6 +22,9 @@ use crate::runtime::metrics::{ByOutcome, ByRemote};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::supervisor::panic_message;
 use crate::state::cache::GroupKey;
+
+/// The label of the local cluster as an MCS source.
+pub const LOCAL: &str = "local";
 
 /// When a remote change was first seen, and from which remote.
 type Pending = (Instant, Arc<str>);
@@ -55,13 +58,55 @@ impl Controller {
     fn keys_of(&self, keys: Vec<GroupKey>) -> Vec<Key> {
         keys.into_iter()
             .filter(|k| self.ctx.in_scope(&k.0))
-            .map(|(namespace, name)| Key { namespace, name })
+            .map(Key::follower)
             .collect()
     }
 
     /// Queues the keys of these groups (a full pass, a local change: drift, manual deletion).
     pub fn enqueue(&self, keys: Vec<GroupKey>) {
         for key in self.keys_of(keys) {
+            self.queue.add(key);
+        }
+    }
+
+    /// Queues the MCS keys of these groups (a local import, derived Service or MCS slice
+    /// changed: drift, a manual deletion; a full pass).
+    pub fn enqueue_mcs(&self, keys: Vec<GroupKey>) {
+        for key in self.keys_of(keys) {
+            self.queue.add(Key::mcs(key.group()));
+        }
+    }
+
+    /// Queues every MCS key: every export of every cluster read, and every import of ours (a
+    /// cluster's name changed, a Lease gain).
+    pub fn enqueue_all_mcs(&self) {
+        let Some(mcs) = &self.ctx.mcs else { return };
+        let mut keys = mcs.source.exported();
+        keys.extend(mcs.imports.read().keys().cloned());
+        for m in self.ctx.remotes.states() {
+            if let Some(c) = &m.mcs {
+                keys.extend(c.exported());
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        self.enqueue_mcs(keys);
+    }
+
+    /// An MCS source changed (a cluster's export, or a Service or slice it exports): queued,
+    /// and remembered for the propagation-lag histogram as [`Self::remote_changed`] does, under
+    /// the cluster's label ("local" for the local cluster).
+    pub fn mcs_changed(&self, cluster: &Arc<str>, keys: Vec<GroupKey>) {
+        if &**cluster != LOCAL && self.ctx.remotes.get(cluster).is_none() {
+            return;
+        }
+        let keys: Vec<Key> = self
+            .keys_of(keys)
+            .into_iter()
+            .map(|k| Key::mcs(k.group()))
+            .collect();
+        self.remember(cluster, &keys);
+        for key in keys {
             self.queue.add(key);
         }
     }
@@ -77,17 +122,21 @@ impl Controller {
             return;
         }
         let keys = self.keys_of(keys);
+        self.remember(remote, &keys);
+        for key in keys {
+            self.queue.add(key);
+        }
+    }
+
+    fn remember(&self, source: &Arc<str>, keys: &[Key]) {
         if self.leader.is_leader() {
             let now = Instant::now();
             let mut pending = self.pending_since.lock();
-            for key in &keys {
+            for key in keys {
                 pending
                     .entry(key.clone())
-                    .or_insert_with(|| (now, Arc::clone(remote)));
+                    .or_insert_with(|| (now, Arc::clone(source)));
             }
-        }
-        for key in keys {
-            self.queue.add(key);
         }
     }
 
@@ -201,7 +250,13 @@ pub async fn run(ctl: Arc<Controller>) {
             continue;
         }
         let since = ctl.take_pending(&key);
-        let result = process(&ctl.queue, &key, reconcile(&ctl.ctx, &key))
+        let pass = async {
+            match key.mode {
+                Mode::Follower => reconcile(&ctl.ctx, &key).await,
+                Mode::Mcs => super::mcs::reconcile(&ctl.ctx, &key).await,
+            }
+        };
+        let result = process(&ctl.queue, &key, pass)
             .await
             .unwrap_or_else(|panic| {
                 ctl.ctx.metrics.panics.inc();
@@ -301,10 +356,7 @@ mod tests {
     async fn a_change_seen_during_a_pass_is_measured_by_the_pass_after_it() {
         let (ctl, _tx) = runtime(true);
         let remote = Arc::from(crate::fixtures::REMOTE);
-        let key = Key {
-            namespace: "shop".into(),
-            name: "s0".into(),
-        };
+        let key = Key::follower(("shop".into(), "s0".into()));
         ctl.remote_changed(&remote, changed(1));
         let first = ctl.take_pending(&key).expect("the change the pass answers");
         assert_eq!(ctl.tracked().0, 0, "taken out when the pass starts");

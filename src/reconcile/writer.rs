@@ -267,6 +267,27 @@ impl Writer {
         Ok(Self::written(self.write(t, request).await?))
     }
 
+    /// Writes an object's status subresource (PUT with the resourceVersion read).
+    pub async fn replace_status<K: Local>(&self, obj: &K) -> Result<Written<K>> {
+        let ns = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        if obj.resource_version().is_none() {
+            return Err(Error::Unexpected(format!(
+                "refusing to replace the status of {} {ns}/{name} without a resourceVersion",
+                K::KIND
+            )));
+        }
+        let api = Api::<K>::namespaced(self.client.clone(), &ns);
+        let t = Target {
+            verb: "update_status",
+            done: "status updated",
+            ..target::<K>("update", &ns, &name)
+        };
+        let pp = Self::pp();
+        let request = api.replace_status(&name, &pp, obj);
+        Ok(Self::written(self.write(t, request).await?))
+    }
+
     /// Deletes exactly the object with this uid; already gone counts as done.
     pub async fn delete<K: Local>(&self, ns: &str, name: &str, uid: &str, why: &str) -> Result<()> {
         let dp = DeleteParams {

@@ -30,7 +30,8 @@ pub fn join(
     let opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
     ctl.ctx.metrics.init_remote(&remote.name);
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
-        .with_stale_after(stale_after);
+        .with_stale_after(stale_after)
+        .with_mcs(settings.mcs);
     let member = ctl.ctx.remotes.insert(Member {
         state: Arc::new(state),
         client: remote.client.clone(),
@@ -39,6 +40,16 @@ pub fn join(
         cancel: sup.child_token(),
     });
     crate::watch::remote::start(sup, ctl, &member, settings.watch_timeout());
+    if let Some(cluster) = &member.state.mcs {
+        let source = crate::watch::mcs::Source {
+            cluster: Arc::clone(cluster),
+            client: remote.client.clone(),
+            namespaces: settings.namespaces.clone(),
+            timeout: settings.watch_timeout(),
+            stop: member.cancel.clone(),
+        };
+        crate::watch::mcs::source(sup, ctl, source);
+    }
     // a remote that joins a running leader: every one of its exported Services once its caches
     // complete
     let (ctl, state) = (Arc::clone(ctl), Arc::clone(&member.state));

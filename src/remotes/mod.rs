@@ -25,6 +25,8 @@ pub struct Settings {
     pub stale_after: Option<Duration>,
     /// how a Secret remote's client is built
     pub client: crate::client::Settings,
+    /// read every remote as a Multi-Cluster Services source too (`--mcs`)
+    pub mcs: bool,
 }
 
 impl Settings {

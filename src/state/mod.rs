@@ -1,10 +1,12 @@
 //! Caches of what the watches have seen, remote and local, and the set of remotes they belong to.
 pub mod cache;
 pub mod local;
+pub mod mcs;
 pub mod remote;
 pub mod remotes;
 
 pub use cache::{Cache, CacheError, GroupKey};
 pub use local::LocalState;
+pub use mcs::{McsCluster, McsLocal, McsNamespace, McsView, Property};
 pub use remote::{Credential, RemoteState};
 pub use remotes::{Member, Origin, Remotes};

@@ -27,6 +27,8 @@ pub struct RemoteState {
     pub marked: AtomicBool,
     /// what its credential says (expiry), set once when it joins (see [`crate::remotes::credentials`])
     pub credential: std::sync::OnceLock<Credential>,
+    /// its part in the Multi-Cluster Services API (`--mcs`)
+    pub mcs: Option<Arc<super::mcs::McsCluster>>,
 }
 
 impl RemoteState {
@@ -41,7 +43,14 @@ impl RemoteState {
             stale_after: None,
             marked: AtomicBool::new(false),
             credential: std::sync::OnceLock::new(),
+            mcs: None,
         }
+    }
+
+    /// Read as an MCS source too (`--mcs`): its name without a ClusterProperty is its name here.
+    pub fn with_mcs(mut self, mcs: bool) -> Self {
+        self.mcs = mcs.then(|| Arc::new(super::mcs::McsCluster::new(&self.name, &self.name)));
+        self
     }
 
     /// With the outage policy (see [`crate::remotes::outage`]).
@@ -96,6 +105,7 @@ impl RemoteState {
                 let c = self.foreign_slices.read();
                 status("EndpointSlices of other managers", c.ready(), c.error())
             })
+            .or_else(|| self.mcs.as_ref().and_then(|m| m.problem()))
     }
 
     /// Seconds since the oldest of this remote's last complete listings.

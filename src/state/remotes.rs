@@ -48,6 +48,8 @@ pub struct Remotes {
     /// follower records of them goes, as if each had proven its exported Services absent. A name that
     /// joins again leaves this set.
     retired: RwLock<BTreeSet<String>>,
+    /// the MCS names the retired remotes went by (see [`Remotes::retire`])
+    retired_mcs: RwLock<BTreeSet<String>>,
     /// false while a source of remotes (the Secrets) has not been listed once: until then a
     /// remote missing from the registry may only not have joined yet
     unlisted: std::sync::atomic::AtomicBool,
@@ -101,7 +103,19 @@ impl Remotes {
     /// Removes a member that left on purpose: its contributions go.
     pub fn retire(&self, name: &str) -> Option<Arc<Member>> {
         self.retired.write().insert(name.to_string());
-        self.remove(name)
+        let gone = self.remove(name);
+        if let Some(mcs) = gone.as_ref().and_then(|m| m.state.mcs.as_ref()) {
+            // its MCS names prove every key gone too
+            let mut names: Vec<String> = mcs.former.read().iter().cloned().collect();
+            names.extend(mcs.name());
+            self.retired_mcs.write().extend(names);
+        }
+        gone
+    }
+
+    /// The MCS names of the remotes removed on purpose.
+    pub fn retired_mcs(&self) -> BTreeSet<String> {
+        self.retired_mcs.read().clone()
     }
 
     /// The remotes removed on purpose (and not joined again).

@@ -64,6 +64,16 @@ pub fn namespaces(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeo
                     let Some(name) = ns.metadata.name else {
                         continue;
                     };
+                    if let Some(mcs) = &ctl.ctx.mcs {
+                        // the KEP imports where the namespace exists: every export of it
+                        let mut keys = mcs.source.exported_in(&name);
+                        for s in ctl.ctx.remotes.states() {
+                            if let Some(c) = &s.mcs {
+                                keys.extend(c.exported_in(&name));
+                            }
+                        }
+                        ctl.enqueue_mcs(keys);
+                    }
                     for s in ctl.ctx.remotes.states() {
                         let keys: Vec<GroupKey> = s
                             .services

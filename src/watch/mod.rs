@@ -8,6 +8,7 @@
 //! a watch the server accepts clears the failure at once, and a watch start refused with 410
 //! relists (see docs/architecture.md, "Libraries we evaluated").
 pub mod local;
+pub mod mcs;
 pub mod remote;
 
 use std::sync::Arc;
@@ -66,8 +67,14 @@ pub struct Follow<K, T, F> {
     pub holder: Arc<T>,
     pub cache: fn(&T) -> &RwLock<Cache<K>>,
     pub on_change: F,
+    /// called after each complete listing (an empty one changes no group, so `on_change`
+    /// alone would not wake what waits for it)
+    pub on_listed: Option<Listed>,
     pub metrics: Arc<Metrics>,
 }
+
+/// What a watch calls after each complete listing.
+pub type Listed = Box<dyn Fn() + Send + Sync>;
 
 impl<K, T, F> Follow<K, T, F>
 where
@@ -174,6 +181,9 @@ where
                     return Round::Failed(None, "listing has no resourceVersion".into());
                 };
                 self.apply(Event::InitDone);
+                if let Some(listed) = &self.on_listed {
+                    listed();
+                }
                 return Round::Resume(rv);
             }
         }
@@ -283,6 +293,29 @@ pub fn spawn<K, T>(
         + 'static,
     T: Send + Sync + 'static,
 {
+    spawn_listed(sup, metrics, stop, spec, into, on_change, None);
+}
+
+/// [`spawn`], calling `on_listed` after each complete listing.
+pub fn spawn_listed<K, T>(
+    sup: &Supervisor,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+    spec: Spec<K>,
+    into: Target<T, K>,
+    on_change: impl Fn(Vec<GroupKey>) + Send + Sync + 'static,
+    on_listed: Option<Listed>,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    T: Send + Sync + 'static,
+{
     let what = spec.what.clone();
     let (holder, cache) = into;
     let follow = Follow {
@@ -290,6 +323,7 @@ pub fn spawn<K, T>(
         holder,
         cache,
         on_change,
+        on_listed,
         metrics: Arc::clone(metrics),
     };
     sup.spawn_until(what, stop.clone(), follow.run());

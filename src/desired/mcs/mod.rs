@@ -97,3 +97,66 @@ pub const COPIED_LABELS_ANNOTATION: &str = "cross-cluster-controller.fair.com/co
 /// Annotation on a ServiceImport listing the exported annotation keys it copied.
 pub const COPIED_ANNOTATIONS_ANNOTATION: &str =
     "cross-cluster-controller.fair.com/copied-annotations";
+
+/// The source Services and EndpointSlices of an exporting namespace: everything but our own
+/// (derived Services and MCS slices carry `multicluster.kubernetes.io/service-name`; the label
+/// mode's follower slices our managed-by), so exporting a derived Service or a follower never
+/// re-exports what we wrote.
+pub fn source_selector() -> String {
+    format!(
+        "!{MCS_SERVICE_NAME_LABEL},{}!={}",
+        crate::desired::MANAGED_BY_LABEL,
+        crate::desired::MANAGED_BY
+    )
+}
+
+/// Our ServiceImports in the local cluster.
+pub fn import_selector() -> String {
+    format!("{OWNER_LABEL}={}", crate::desired::MANAGED_BY)
+}
+
+/// Our derived Services in the local cluster.
+pub fn derived_selector() -> String {
+    format!(
+        "{OWNER_LABEL}={},{MCS_SERVICE_NAME_LABEL}",
+        crate::desired::MANAGED_BY
+    )
+}
+
+/// Our MCS EndpointSlices in the local cluster.
+pub fn slice_selector() -> String {
+    format!(
+        "{}={},{MCS_SERVICE_NAME_LABEL},{}",
+        crate::desired::MANAGED_BY_LABEL,
+        crate::desired::MANAGED_BY,
+        crate::desired::MCS_SOURCE_CLUSTER_LABEL
+    )
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+
+    #[test]
+    fn the_selectors_keep_the_two_modes_and_sources_apart() {
+        assert_eq!(
+            source_selector(),
+            "!multicluster.kubernetes.io/service-name,\
+             endpointslice.kubernetes.io/managed-by!=cross-cluster-controller.fair.com"
+        );
+        assert_eq!(
+            import_selector(),
+            "app.kubernetes.io/managed-by=cross-cluster-controller.fair.com"
+        );
+        assert_eq!(
+            derived_selector(),
+            "app.kubernetes.io/managed-by=cross-cluster-controller.fair.com,\
+             multicluster.kubernetes.io/service-name"
+        );
+        assert_eq!(
+            slice_selector(),
+            "endpointslice.kubernetes.io/managed-by=cross-cluster-controller.fair.com,\
+             multicluster.kubernetes.io/service-name,multicluster.kubernetes.io/source-cluster"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! The objects of the Multi-Cluster Services API (mcs-api v0.5.0, `multicluster.x-k8s.io/v1beta1`)
 //! and of the About API (`about.k8s.io/v1alpha1` ClusterProperty), as plain serde structs.
 //!
-//! `kube::Resource` is implemented by hand (`DynamicType = ()`), not derived: kube's `derive`
+//! `k8s_openapi::Resource` is implemented by hand (kube's blanket impl gives `kube::Resource`), not derived: kube's `derive`
 //! feature would add kube-derive, schemars and their proc-macro build to the tree (none of which
 //! is in Cargo.lock today) to generate CRD schemas we never publish (the CRDs are mcs-api's own).
 //! Three small impls cost less than that compile on every cold build.
@@ -11,7 +11,6 @@
 //! left out when empty. Every object serialises its `apiVersion` and `kind` (the API server
 //! decodes custom resources as unstructured objects, which need both) and ignores them when read.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::SessionAffinityConfig;
@@ -145,30 +144,27 @@ pub struct ClusterPropertySpec {
     pub value: String,
 }
 
-/// `kube::Resource` and a Serialize that writes `apiVersion` and `kind` first.
+/// `k8s_openapi::Resource` and `Metadata` (kube's blanket impl then supplies `kube::Resource`,
+/// and the writer its `KIND`), and a Serialize that writes `apiVersion` and `kind` first.
 macro_rules! resource {
-    ($ty:ident, $kind:literal, $plural:literal, $group:expr, $version:expr, $scope:ty,
+    ($ty:ident, $kind:literal, $plural:literal, $group:literal, $version:literal, $scope:ty,
      [$($field:ident: $json:literal),*], [$($optional:ident: $ojson:literal),*]) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = concat!($group, "/", $version);
+            const GROUP: &'static str = $group;
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = $version;
+            const URL_PATH_SEGMENT: &'static str = $plural;
             type Scope = $scope;
+        }
 
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($group)
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($version)
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
-            }
-            fn meta(&self) -> &ObjectMeta {
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = ObjectMeta;
+
+            fn metadata(&self) -> &ObjectMeta {
                 &self.metadata
             }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
                 &mut self.metadata
             }
         }
@@ -176,7 +172,7 @@ macro_rules! resource {
         impl Serialize for $ty {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 let mut s = serializer.serialize_struct($kind, 6)?;
-                s.serialize_field("apiVersion", &format!("{}/{}", $group, $version))?;
+                s.serialize_field("apiVersion", concat!($group, "/", $version))?;
                 s.serialize_field("kind", $kind)?;
                 s.serialize_field("metadata", &self.metadata)?;
                 $(s.serialize_field($json, &self.$field)?;)*
@@ -190,11 +186,11 @@ macro_rules! resource {
     };
 }
 
-resource!(ServiceExport, "ServiceExport", "serviceexports", MCS_GROUP, MCS_VERSION,
+resource!(ServiceExport, "ServiceExport", "serviceexports", "multicluster.x-k8s.io", "v1beta1",
     NamespaceResourceScope, [spec: "spec"], [status: "status"]);
-resource!(ServiceImport, "ServiceImport", "serviceimports", MCS_GROUP, MCS_VERSION,
+resource!(ServiceImport, "ServiceImport", "serviceimports", "multicluster.x-k8s.io", "v1beta1",
     NamespaceResourceScope, [spec: "spec"], [status: "status"]);
-resource!(ClusterProperty, "ClusterProperty", "clusterproperties", ABOUT_GROUP, ABOUT_VERSION,
+resource!(ClusterProperty, "ClusterProperty", "clusterproperties", "about.k8s.io", "v1alpha1",
     ClusterResourceScope, [spec: "spec"], []);
 
 #[cfg(test)]
@@ -206,6 +202,19 @@ mod tests {
     #[test]
     fn resource_identity() {
         assert_eq!(ServiceExport::api_version(&()), MCS_API_VERSION);
+        assert_eq!(<ServiceImport as k8s_openapi::Resource>::GROUP, MCS_GROUP);
+        assert_eq!(
+            <ServiceExport as k8s_openapi::Resource>::VERSION,
+            MCS_VERSION
+        );
+        assert_eq!(
+            <ClusterProperty as k8s_openapi::Resource>::GROUP,
+            ABOUT_GROUP
+        );
+        assert_eq!(
+            <ClusterProperty as k8s_openapi::Resource>::VERSION,
+            ABOUT_VERSION
+        );
         assert_eq!(ServiceImport::kind(&()), "ServiceImport");
         assert_eq!(
             ServiceImport::url_path(&(), Some("shop")),

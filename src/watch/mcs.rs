@@ -1,0 +1,230 @@
+//! The Multi-Cluster Services API's watches. Per cluster read (the local one included): its
+//! ServiceExports, its ClusterProperty `cluster.clusterset.k8s.io`, and the Services and
+//! EndpointSlices of each namespace where it exports something (two watches per namespace,
+//! started by its first export there, stopped with its last). In the local cluster: our
+//! ServiceImports, derived Services and MCS slices (drift or a manual deletion queues the key).
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{spawn, spawn_listed, spec};
+use crate::desired::mcs::{self, CLUSTER_ID_PROPERTY, ClusterProperty, ServiceExport};
+use crate::reconcile::worker::Controller;
+use crate::runtime::supervisor::Supervisor;
+use crate::state::{GroupKey, McsCluster, McsLocal, McsNamespace, Property};
+
+/// Where one cluster's MCS watches read, and until when.
+pub struct Source {
+    pub cluster: Arc<McsCluster>,
+    pub client: Client,
+    /// the namespaces read (empty: all)
+    pub namespaces: Vec<String>,
+    pub timeout: u32,
+    pub stop: CancellationToken,
+}
+
+/// Starts one cluster's watches as an MCS source: its exports (which start and stop the
+/// watches of the namespaces it exports in) and its ClusterProperty.
+pub fn source(sup: &Supervisor, ctl: &Arc<Controller>, src: Source) {
+    let src = Arc::new(src);
+    let label = Arc::clone(&src.cluster.label);
+    let what = format!("{label} ServiceExports");
+    let exports = spec::<ServiceExport>(
+        &src.client,
+        &src.namespaces,
+        src.timeout,
+        String::new(),
+        &label,
+        what,
+    );
+    let on_change = {
+        let (sup, ctl, src) = (sup.clone(), Arc::clone(ctl), Arc::clone(&src));
+        move |keys: Vec<GroupKey>| {
+            keep_namespaces(&sup, &ctl, &src, &keys);
+            ctl.mcs_changed(&src.cluster.label, keys);
+        }
+    };
+    let m = &ctl.ctx.metrics;
+    let into: super::Target<McsCluster, ServiceExport> = (Arc::clone(&src.cluster), |c| &c.exports);
+    spawn(sup, m, &src.stop, exports, into, on_change);
+    property(sup, ctl, &src);
+}
+
+/// Starts the watches of each namespace where the cluster now exports something, and stops
+/// those of namespaces where it exports nothing any more.
+fn keep_namespaces(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>, keys: &[GroupKey]) {
+    let touched: BTreeSet<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+    for ns in touched {
+        let exports_here = !src.cluster.exported_in(ns).is_empty();
+        let watched = src.cluster.namespace(ns).is_some();
+        if exports_here && !watched {
+            watch_namespace(sup, ctl, src, ns);
+        } else if !exports_here
+            && watched
+            && let Some(n) = src.cluster.namespaces.write().remove(ns)
+        {
+            n.cancel.cancel();
+            info!(cluster = %src.cluster.label, namespace = ns, "no export left in the namespace; its watches stop");
+        }
+    }
+}
+
+fn watch_namespace(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>, ns: &str) {
+    let n = Arc::new(McsNamespace::new(src.stop.child_token()));
+    src.cluster
+        .namespaces
+        .write()
+        .insert(ns.to_string(), Arc::clone(&n));
+    let label = Arc::clone(&src.cluster.label);
+    let scope = [ns.to_string()];
+    let what = |kind: &str| format!("{label} {kind} of namespace {ns} (MCS)");
+    // a change of a Service or slice the cluster exports
+    let on_change = || {
+        let (ctl, cluster) = (Arc::clone(ctl), Arc::clone(&src.cluster));
+        move |keys: Vec<GroupKey>| {
+            let exported: Vec<GroupKey> = keys
+                .into_iter()
+                .filter(|k| cluster.exports_key(k))
+                .collect();
+            if !exported.is_empty() {
+                ctl.mcs_changed(&cluster.label, exported);
+            }
+        }
+    };
+    // a complete listing (perhaps empty) answers every export of the namespace
+    let on_listed = || -> Option<super::Listed> {
+        let (ctl, cluster, ns) = (Arc::clone(ctl), Arc::clone(&src.cluster), ns.to_string());
+        Some(Box::new(move || {
+            ctl.mcs_changed(&cluster.label, cluster.exported_in(&ns));
+        }))
+    };
+    let (c, t, m) = (&src.client, src.timeout, &ctl.ctx.metrics);
+    let sel = mcs::source_selector();
+    let services = spec::<Service>(c, &scope, t, sel.clone(), &label, what("Services"));
+    let into: super::Target<McsNamespace, Service> = (Arc::clone(&n), |n| &n.services);
+    spawn_listed(sup, m, &n.cancel, services, into, on_change(), on_listed());
+    let slices = spec::<EndpointSlice>(c, &scope, t, sel, &label, what("EndpointSlices"));
+    let into: super::Target<McsNamespace, EndpointSlice> = (Arc::clone(&n), |n| &n.slices);
+    spawn_listed(sup, m, &n.cancel, slices, into, on_change(), on_listed());
+}
+
+/// Follows the cluster's ClusterProperty `cluster.clusterset.k8s.io`: a change of the name it
+/// goes by queues every MCS key. No such object, no ClusterProperty API (404) or no right to
+/// read it (403) all mean "none": the cluster goes by its fallback name.
+fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
+    let api: Api<ClusterProperty> = Api::all(src.client.clone());
+    let cfg = watcher::Config::default()
+        .fields(&format!("metadata.name={CLUSTER_ID_PROPERTY}"))
+        .timeout(src.timeout);
+    let (ctl, cluster) = (Arc::clone(ctl), Arc::clone(&src.cluster));
+    let name = format!("{} ClusterProperty watch", cluster.label);
+    sup.spawn_until(name, src.stop.clone(), async move {
+        let stream = watcher(api, cfg).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut listed: Option<String> = None;
+        while let Some(event) = stream.next().await {
+            let p = match event {
+                Ok(Event::Init) => {
+                    listed = None;
+                    continue;
+                }
+                Ok(Event::InitApply(cp)) => {
+                    listed = Some(cp.spec.value);
+                    continue;
+                }
+                Ok(Event::InitDone) => property_of(&cluster, listed.take()),
+                Ok(Event::Apply(cp)) => property_of(&cluster, Some(cp.spec.value)),
+                Ok(Event::Delete(_)) => Property::Absent,
+                Err(e) if absent(&e) => Property::Absent,
+                Err(e) => {
+                    warn!(cluster = %cluster.label, error = %e, "ClusterProperty watch failed; retrying");
+                    continue;
+                }
+            };
+            if cluster.set_property(p) {
+                let name = cluster.name().unwrap_or_default();
+                info!(cluster = %cluster.label, name, "MCS cluster name");
+                if name.contains('.') {
+                    warn!(cluster = %cluster.label, name, "a cluster name with a dot gives <hostname>.<clusterid> DNS names CoreDNS does not resolve");
+                }
+                ctl.enqueue_all_mcs();
+            }
+        }
+    });
+}
+
+fn property_of(cluster: &McsCluster, value: Option<String>) -> Property {
+    match value {
+        Some(v) if mcs::is_cluster_name(&v) => Property::Value(v),
+        Some(v) => {
+            warn!(cluster = %cluster.label, value = v, "ClusterProperty cluster.clusterset.k8s.io is not a valid cluster name; using the fallback name");
+            Property::Absent
+        }
+        None => Property::Absent,
+    }
+}
+
+/// The ClusterProperty API is not served (404) or not readable (403) there.
+fn absent(e: &watcher::Error) -> bool {
+    let api = match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => e,
+        _ => return false,
+    };
+    matches!(api, kube::Error::Api(s) if s.code == 404 || s.code == 403)
+}
+
+/// Starts the watches of our imports in the local cluster: ServiceImports, derived Services and
+/// MCS slices; a change queues the key (drift, a manual deletion).
+pub fn destination(
+    sup: &Supervisor,
+    ctl: &Arc<Controller>,
+    local: &Client,
+    mcs: &Arc<McsLocal>,
+    timeout: u32,
+) {
+    let on_change = || {
+        let ctl = Arc::clone(ctl);
+        move |keys| ctl.enqueue_mcs(keys)
+    };
+    let what = |kind: &str| format!("local MCS {kind}");
+    let (m, ns) = (&ctl.ctx.metrics, &ctl.ctx.namespaces[..]);
+    let stop = &sup.child_token();
+    let s = || Arc::clone(mcs);
+    let imports = spec::<mcs::ServiceImport>(
+        local,
+        ns,
+        timeout,
+        mcs::import_selector(),
+        "local",
+        what("ServiceImports"),
+    );
+    spawn(sup, m, stop, imports, (s(), |s| &s.imports), on_change());
+    let derived = spec::<Service>(
+        local,
+        ns,
+        timeout,
+        mcs::derived_selector(),
+        "local",
+        what("derived Services"),
+    );
+    spawn(sup, m, stop, derived, (s(), |s| &s.derived), on_change());
+    let slices = spec::<EndpointSlice>(
+        local,
+        ns,
+        timeout,
+        mcs::slice_selector(),
+        "local",
+        what("EndpointSlices"),
+    );
+    spawn(sup, m, stop, slices, (s(), |s| &s.slices), on_change());
+}
