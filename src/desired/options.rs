@@ -17,6 +17,8 @@ pub const FOLLOWER_VALUE: &str = "follower";
 
 /// The MCS API's label naming the cluster an EndpointSlice's endpoints come from (KEP-1645).
 pub const MCS_SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
+/// The MCS API's label naming the Service an EndpointSlice (or a derived Service) belongs to.
+pub const MCS_SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
 /// Label linking an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Suffix of the annotation recording the label keys copied from the leader.
@@ -110,8 +112,7 @@ impl Options {
     pub fn foreign_slice_selector(&self) -> String {
         format!(
             "{MANAGED_BY_LABEL}!={KCM_SLICE_CONTROLLER},{SERVICE_NAME_LABEL},{} notin ({EXPORT_VALUE},{FOLLOWER_VALUE}),!{}",
-            self.label_key,
-            crate::desired::mcs::MCS_SERVICE_NAME_LABEL
+            self.label_key, MCS_SERVICE_NAME_LABEL
         )
     }
 

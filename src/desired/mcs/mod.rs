@@ -86,8 +86,7 @@ pub use import::{Import, derived_name, import, import_owner};
 pub use judge::{ClusterExport, Conflict, ConflictReason, Validity};
 pub use types::*;
 
-/// The MCS API's label naming the Service an EndpointSlice (or a derived Service) belongs to.
-pub const MCS_SERVICE_NAME_LABEL: &str = "multicluster.kubernetes.io/service-name";
+pub use crate::desired::options::MCS_SERVICE_NAME_LABEL;
 /// Annotation on a ServiceImport naming its derived Service (as mcs-api's reference controller).
 pub const DERIVED_SERVICE_ANNOTATION: &str = "multicluster.kubernetes.io/derived-service";
 /// Label marking the ServiceImports and derived Services we own; its value is `MANAGED_BY`.
