@@ -55,6 +55,7 @@ pub async fn run(config: Config) -> Result<()> {
 
     if let Some(mcs) = &ctx.mcs {
         check_mcs(local, mcs).await?;
+        metrics.init_mcs();
         let source = crate::watch::mcs::Source {
             cluster: std::sync::Arc::clone(&mcs.source),
             client: local.clone(),

@@ -30,6 +30,7 @@ use crate::desired::mcs::{
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded};
 use crate::error::{Error, Result};
+use crate::runtime::metrics::ByOutcome;
 use crate::state::{Cache, GroupKey, McsCluster, McsLocal, McsView};
 
 /// One cluster's part in a key.
@@ -210,15 +211,22 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     };
     let snap = snapshot(ctx, &mcs, &key.group())?;
     let mut wrote = Wrote::default();
-    match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
-        Ok(()) => Ok(wrote.outcome()),
-        Err(Stop::Outcome(o)) => Ok(o),
+    let outcome = match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
+        Ok(()) => wrote.outcome(),
+        Err(Stop::Outcome(o)) => o,
         Err(Stop::Err(e)) if namespace_gone(&e) => {
             debug!(key = %key, "the namespace does not exist here (or is being deleted): nothing imported");
-            Ok(Outcome::Skipped(NAMESPACE_MISSING))
+            Outcome::Skipped(NAMESPACE_MISSING)
         }
-        Err(Stop::Err(e)) => Err(e),
+        Err(Stop::Err(e)) => return Err(e),
+    };
+    if outcome != Outcome::NotReady {
+        ctx.metrics
+            .reconciles
+            .get_or_create(&ByOutcome::new(outcome.label()))
+            .inc();
     }
+    Ok(outcome)
 }
 
 /// A create refused because its namespace does not exist (404) or is being deleted (403).
@@ -486,6 +494,8 @@ async fn create<K: Owned>(
     wrote: &mut Wrote,
 ) -> std::result::Result<K, Stop> {
     match ctx.writer.create(obj).await {
+        // a dry run: what follows a create depends on what it returns (a uid, ClusterIPs)
+        Ok(Written::Skipped) => Err(Stop::Outcome(Outcome::Applied)),
         Ok(w) => {
             wrote.applied = true;
             Ok(done(cache, w, obj))

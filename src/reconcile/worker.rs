@@ -77,6 +77,14 @@ impl Controller {
         }
     }
 
+    /// Queues the key of every import of ours (what a cluster whose exports were just listed may
+    /// have given: an empty first listing changes no group, yet proves those keys).
+    pub fn enqueue_imports(&self) {
+        let Some(mcs) = &self.ctx.mcs else { return };
+        let keys: Vec<GroupKey> = mcs.imports.read().keys().cloned().collect();
+        self.enqueue_mcs(keys);
+    }
+
     /// Queues every MCS key: every export of every cluster read, and every import of ours (a
     /// cluster's name changed, a Lease gain).
     pub fn enqueue_all_mcs(&self) {

@@ -209,6 +209,18 @@ impl Metrics {
         m
     }
 
+    /// Puts at 0 the write series the Multi-Cluster Services API adds (`--mcs`): ServiceImports
+    /// and their status, the local ServiceExports' status.
+    pub fn init_mcs(&self) {
+        for verb in ["create", "update", "update_status", "delete"] {
+            touch(&self.writes, ByKindVerb::new("ServiceImport", verb));
+        }
+        touch(
+            &self.writes,
+            ByKindVerb::new("ServiceExport", "update_status"),
+        );
+    }
+
     /// Puts at 0 every counter series of a remote whose labels are known in advance, as
     /// Prometheus advises: a counter then reads 0 before its first increment (so `increase()`
     /// and `absent()` alerts work from the start) instead of being missing from the page.

@@ -54,7 +54,11 @@ pub fn source(sup: &Supervisor, ctl: &Arc<Controller>, src: Source) {
     };
     let m = &ctl.ctx.metrics;
     let into: super::Target<McsCluster, ServiceExport> = (Arc::clone(&src.cluster), |c| &c.exports);
-    spawn(sup, m, &src.stop, exports, into, on_change);
+    let on_listed: super::Listed = {
+        let ctl = Arc::clone(ctl);
+        Box::new(move || ctl.enqueue_imports())
+    };
+    spawn_listed(sup, m, &src.stop, exports, into, on_change, Some(on_listed));
     property(sup, ctl, &src);
 }
 
@@ -130,7 +134,11 @@ fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
         let stream = watcher(api, cfg).default_backoff();
         let mut stream = std::pin::pin!(stream);
         let mut listed: Option<String> = None;
+        let mut failing = false;
         while let Some(event) = stream.next().await {
+            if event.is_ok() {
+                failing = false;
+            }
             let p = match event {
                 Ok(Event::Init) => {
                     listed = None;
@@ -145,7 +153,10 @@ fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
                 Ok(Event::Delete(_)) => Property::Absent,
                 Err(e) if absent(&e) => Property::Absent,
                 Err(e) => {
-                    warn!(cluster = %cluster.label, error = %e, "ClusterProperty watch failed; retrying");
+                    if !failing {
+                        warn!(cluster = %cluster.label, error = %e, "ClusterProperty watch failed; retrying with back-off");
+                    }
+                    failing = true;
                     continue;
                 }
             };

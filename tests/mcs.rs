@@ -1,0 +1,636 @@
+//! End to end: the Multi-Cluster Services API (`--mcs`, issue 22), one test per safety invariant,
+//! with the real binary against the bed's API servers (the upstream conformance suite, with
+//! nodes and a pod network, is tests/mcs_conformance.rs).
+//!
+//! The daemon under test writes LOCAL (west) and reads REMOTE (east) and the local cluster as
+//! MCS sources. Cluster names are cluster-wide (a ClusterProperty names a whole cluster), so the
+//! tests of this file take turns.
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cross_cluster_controller::desired::mcs::{
+    ClusterProperty, ServiceExport, ServiceImport, derived_name,
+};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use support::daemon::{Daemon, args_for, with_args};
+use support::fault::{routed_kubeconfig, upstream};
+use support::proxy::{Fault, Proxy};
+use support::{LOCAL, REMOTE, client, eventually, namespace};
+use tokio::sync::{Mutex, OnceCell};
+
+const WAIT: Duration = Duration::from_secs(60);
+const SLICE_LABEL: &str = "multicluster.kubernetes.io/service-name";
+const SOURCE_LABEL: &str = "multicluster.kubernetes.io/source-cluster";
+
+/// One test of this file at a time (see the module comment).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+static CRDS: OnceCell<()> = OnceCell::const_new();
+
+/// The MCS CRDs (testbed/mcs-crds.sh's folder) on both clusters, established.
+async fn crds() {
+    CRDS.get_or_init(|| async {
+        let dir = tokio::task::spawn_blocking(|| {
+            let out = std::process::Command::new("bash")
+                .arg(support::repo_root().join("testbed/mcs-crds.sh"))
+                .output()
+                .expect("run testbed/mcs-crds.sh");
+            assert!(
+                out.status.success(),
+                "testbed/mcs-crds.sh: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines().last().unwrap_or_default().trim().to_string()
+        })
+        .await
+        .expect("crds task");
+        let mut docs = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("the CRD folder") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).expect("read a CRD");
+                let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("a CRD");
+                docs.push(crd);
+            }
+        }
+        assert_eq!(docs.len(), 3, "three CRDs in {dir}");
+        for ctx in [LOCAL, REMOTE] {
+            let api: Api<CustomResourceDefinition> = Api::all(client(ctx).await);
+            let pp = PatchParams::apply("xcc-test").force();
+            for crd in &docs {
+                api.patch(&crd.name_any(), &pp, &Patch::Apply(crd))
+                    .await
+                    .expect("apply a CRD");
+            }
+            for crd in &docs {
+                let name = crd.name_any();
+                eventually(&format!("{ctx}: CRD {name} established"), WAIT, || async {
+                    let c = api.get(&name).await.map_err(|e| e.to_string())?;
+                    let ok = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                    if ok { Ok(()) } else { Err("not yet".into()) }
+                })
+                .await;
+            }
+        }
+    })
+    .await;
+}
+
+/// A daemon of west reading east, with the MCS API on, confined to `ns`.
+async fn daemon(ns: &str, extra: &[&str]) -> Daemon {
+    let args = with_args(
+        args_for(ns),
+        &[&["--mcs", "--local-cluster-name", LOCAL][..], extra].concat(),
+    );
+    Daemon::start(&args).await
+}
+
+/// A plain Service (no label of ours) with one port, and a slice of `ips` for it.
+async fn service(c: &Client, ns: &str, name: &str, port: i32, ips: &[&str]) {
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"ports": [{"name": "http", "port": port, "protocol": "TCP"}]},
+    }))
+    .expect("a Service");
+    Api::<Service>::namespaced(c.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create a Service");
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-src"), "namespace": ns,
+                     "labels": {"kubernetes.io/service-name": name,
+                                "endpointslice.kubernetes.io/managed-by": "someone-else"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .expect("a slice");
+    Api::<EndpointSlice>::namespaced(c.clone(), ns)
+        .create(&PostParams::default(), &slice)
+        .await
+        .expect("create a slice");
+}
+
+async fn export(c: &Client, ns: &str, name: &str) {
+    let se: ServiceExport =
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}}))
+            .expect("an export");
+    Api::<ServiceExport>::namespaced(c.clone(), ns)
+        .create(&PostParams::default(), &se)
+        .await
+        .expect("create a ServiceExport");
+}
+
+async fn unexport(c: &Client, ns: &str, name: &str) {
+    Api::<ServiceExport>::namespaced(c.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete a ServiceExport");
+}
+
+/// The clusters an import lists in its status, once it has `ips` when ClusterSetIP.
+async fn import_listing(c: &Client, ns: &str, name: &str, clusters: &[&str]) -> ServiceImport {
+    let api: Api<ServiceImport> = Api::namespaced(c.clone(), ns);
+    let want: Vec<String> = clusters.iter().map(|s| s.to_string()).collect();
+    eventually(
+        &format!("ServiceImport {name} listing {want:?}"),
+        WAIT,
+        || async {
+            let si = api
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no ServiceImport")?;
+            let listed: Vec<String> = si
+                .status
+                .as_ref()
+                .map(|s| s.clusters.iter().map(|c| c.cluster.clone()).collect())
+                .unwrap_or_default();
+            if listed == want && !si.spec.ips.is_empty() {
+                Ok(si)
+            } else {
+                Err(format!("clusters {listed:?}, ips {:?}", si.spec.ips))
+            }
+        },
+    )
+    .await
+}
+
+/// Our MCS slices of `name` in `ns`, by source cluster: the addresses each holds.
+async fn mcs_slices(c: &Client, ns: &str, name: &str) -> BTreeMap<String, Vec<String>> {
+    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let lp = ListParams::default().labels(&format!("{SLICE_LABEL}={name}"));
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for s in api.list(&lp).await.expect("list slices").items {
+        let cluster = s.labels().get(SOURCE_LABEL).cloned().unwrap_or_default();
+        let ips = s.endpoints.iter().flat_map(|e| e.addresses.clone());
+        out.entry(cluster).or_default().extend(ips);
+    }
+    out
+}
+
+async fn slices_are(c: &Client, ns: &str, name: &str, want: &[(&str, &[&str])]) {
+    let want: BTreeMap<String, Vec<String>> = want
+        .iter()
+        .map(|(c, ips)| (c.to_string(), ips.iter().map(|s| s.to_string()).collect()))
+        .collect();
+    eventually(&format!("slices of {name}: {want:?}"), WAIT, || async {
+        let got = mcs_slices(c, ns, name).await;
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    })
+    .await;
+}
+
+async fn gone<K>(api: &Api<K>, name: &str)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(&format!("{name} deleted"), WAIT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err("still there".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+}
+
+/// (uid, resourceVersion) of every ServiceImport, Service and EndpointSlice of `ns`.
+async fn versions(c: &Client, ns: &str) -> BTreeMap<String, (String, String)> {
+    let mut out = BTreeMap::new();
+    let lp = ListParams::default();
+    let id = |kind: &str, m: &kube::api::ObjectMeta| {
+        (
+            format!("{kind}/{}", m.name.clone().unwrap_or_default()),
+            (
+                m.uid.clone().unwrap_or_default(),
+                m.resource_version.clone().unwrap_or_default(),
+            ),
+        )
+    };
+    for o in Api::<ServiceImport>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend([id("ServiceImport", &o.metadata)]);
+    }
+    for o in Api::<Service>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend([id("Service", &o.metadata)]);
+    }
+    for o in Api::<EndpointSlice>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend([id("EndpointSlice", &o.metadata)]);
+    }
+    out
+}
+
+#[tokio::test]
+async fn exports_in_both_clusters_become_one_import_and_each_unexport_removes_its_part() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-import").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5", "10.201.1.6"]).await;
+    export(&east, &ns.name, "web").await;
+    let d = daemon(&ns.name, &[]).await;
+
+    let si = import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+    assert_eq!(si.spec.type_, "ClusterSetIP");
+    assert_eq!(si.spec.ports.len(), 1);
+    assert_eq!(si.spec.ports[0].port, 80);
+    let derived = Api::<Service>::namespaced(west.clone(), &ns.name)
+        .get(&derived_name(&ns.name, "web"))
+        .await
+        .expect("the derived Service");
+    assert_eq!(
+        derived.spec.as_ref().and_then(|s| s.cluster_ips.clone()),
+        Some(si.spec.ips.clone()),
+        "spec.ips are the derived Service's ClusterIPs"
+    );
+    let owner = &derived.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("ServiceImport", si.uid().as_deref().unwrap_or_default())
+    );
+    slices_are(
+        &west,
+        &ns.name,
+        "web",
+        &[(REMOTE, &["10.201.1.5", "10.201.1.6"])],
+    )
+    .await;
+
+    // the local cluster is a source too: its export joins the same import, and its
+    // ServiceExport gets Valid, Ready and Conflict
+    service(&west, &ns.name, "web", 80, &["10.202.1.7"]).await;
+    export(&west, &ns.name, "web").await;
+    import_listing(&west, &ns.name, "web", &[REMOTE, LOCAL]).await;
+    slices_are(
+        &west,
+        &ns.name,
+        "web",
+        &[
+            (REMOTE, &["10.201.1.5", "10.201.1.6"]),
+            (LOCAL, &["10.202.1.7"]),
+        ],
+    )
+    .await;
+    let exports: Api<ServiceExport> = Api::namespaced(west.clone(), &ns.name);
+    eventually(
+        "west's ServiceExport Valid, Ready, no Conflict",
+        WAIT,
+        || async {
+            let se = exports.get("web").await.map_err(|e| e.to_string())?;
+            let cs: BTreeMap<String, (String, String)> = se
+                .status
+                .map(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| (c.type_, (c.status, c.reason)))
+                .collect();
+            let want = |s: &str, r: &str| Some((s.to_string(), r.to_string()));
+            if cs.get("Valid").cloned() == want("True", "Valid")
+                && cs.get("Ready").cloned() == want("True", "Exported")
+                && cs.get("Conflict").cloned() == want("False", "NoConflicts")
+            {
+                Ok(())
+            } else {
+                Err(format!("{cs:?}"))
+            }
+        },
+    )
+    .await;
+
+    // east stops exporting: its slices go, the import stays for west
+    unexport(&east, &ns.name, "web").await;
+    slices_are(&west, &ns.name, "web", &[(LOCAL, &["10.202.1.7"])]).await;
+    import_listing(&west, &ns.name, "web", &[LOCAL]).await;
+    // and west too: the import, its derived Service and slices go
+    unexport(&west, &ns.name, "web").await;
+    gone(
+        &Api::<ServiceImport>::namespaced(west.clone(), &ns.name),
+        "web",
+    )
+    .await;
+    gone(
+        &Api::<Service>::namespaced(west.clone(), &ns.name),
+        &derived_name(&ns.name, "web"),
+    )
+    .await;
+    slices_are(&west, &ns.name, "web", &[]).await;
+    assert!(d.exited().is_none(), "{}", d.logs());
+}
+
+#[tokio::test]
+async fn objects_that_are_not_ours_are_never_touched() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-not-ours").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    let pp = PostParams::default();
+    // a ServiceImport of another implementation, a Service holding the derived name of `api`,
+    // and an MCS slice of `db` written by someone else
+    let theirs: ServiceImport = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns.name},
+        "spec": {"type": "ClusterSetIP", "ports": [{"port": 1, "protocol": "TCP"}]},
+    }))
+    .expect("an import");
+    Api::<ServiceImport>::namespaced(west.clone(), &ns.name)
+        .create(&pp, &theirs)
+        .await
+        .expect("create their import");
+    let squatter: Service = serde_json::from_value(json!({
+        "metadata": {"name": derived_name(&ns.name, "api"), "namespace": ns.name},
+        "spec": {"ports": [{"port": 1, "protocol": "TCP"}]},
+    }))
+    .expect("a Service");
+    Api::<Service>::namespaced(west.clone(), &ns.name)
+        .create(&pp, &squatter)
+        .await
+        .expect("create the squatter");
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "db-theirs", "namespace": ns.name,
+                     "labels": {SLICE_LABEL: "db", SOURCE_LABEL: REMOTE,
+                                "kubernetes.io/service-name": derived_name(&ns.name, "db"),
+                                "endpointslice.kubernetes.io/managed-by": "another-mcs.example.com"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.9.9.9"]}],
+    }))
+    .expect("a slice");
+    Api::<EndpointSlice>::namespaced(west.clone(), &ns.name)
+        .create(&pp, &foreign)
+        .await
+        .expect("create their slice");
+    let before = versions(&west, &ns.name).await;
+
+    for name in ["web", "api", "db"] {
+        service(&east, &ns.name, name, 80, &["10.201.1.5"]).await;
+        export(&east, &ns.name, name).await;
+    }
+    let d = daemon(&ns.name, &[]).await;
+    // db, which is free, is imported beside their slice; web and api meet what is not ours
+    import_listing(&west, &ns.name, "db", &[REMOTE]).await;
+    d.wait_metric(
+        "xcc_conflicts_total",
+        &[("remote", ""), ("kind", "ServiceImport")],
+        1.0,
+    )
+    .await;
+    d.wait_metric(
+        "xcc_conflicts_total",
+        &[("remote", ""), ("kind", "Service")],
+        1.0,
+    )
+    .await;
+    // and the one that goes: db unexported, our slices go, theirs stays
+    unexport(&east, &ns.name, "db").await;
+    gone(
+        &Api::<ServiceImport>::namespaced(west.clone(), &ns.name),
+        "db",
+    )
+    .await;
+    let after = versions(&west, &ns.name).await;
+    for (id, v) in &before {
+        if id.starts_with("EndpointSlice/") && !id.ends_with("db-theirs") {
+            continue; // kube-controller-manager's slices of the squatter
+        }
+        assert_eq!(after.get(id), Some(v), "{id} was changed or deleted");
+    }
+    let theirs = mcs_slices(&west, &ns.name, "db").await;
+    assert_eq!(
+        theirs,
+        BTreeMap::from([(REMOTE.to_string(), vec!["10.9.9.9".to_string()])])
+    );
+    assert!(d.exited().is_none(), "{}", d.logs());
+}
+
+#[tokio::test]
+async fn an_unreachable_remote_deletes_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-unreachable").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    export(&east, &ns.name, "web").await;
+    let proxy = Proxy::start(&upstream(REMOTE).await).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = dir.path().join("remote-proxied");
+    routed_kubeconfig(&[(REMOTE, proxy.url())], &kc).await;
+    let kc = kc.to_str().expect("path").to_string();
+    let mut d = daemon(&ns.name, &["--kubeconfig", &kc]).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+    slices_are(&west, &ns.name, "web", &[(REMOTE, &["10.201.1.5"])]).await;
+    let before = versions(&west, &ns.name).await;
+
+    // east stops answering, its export goes meanwhile, and a new daemon starts without ever
+    // listing east: nothing it imported may go
+    proxy.set(Fault::Refuse);
+    unexport(&east, &ns.name, "web").await;
+    d.kill();
+    let d2 = daemon(&ns.name, &["--kubeconfig", &kc]).await;
+    // it leads, lists west, and passes the import it finds there: east proves nothing, so the
+    // pass holds everything east gave
+    d2.wait_metric("xcc_reconciles_total", &[("outcome", "unchanged")], 1.0)
+        .await;
+    let during = versions(&west, &ns.name).await;
+    assert_eq!(
+        during,
+        before,
+        "nothing changed while east was unreachable\n{}",
+        d2.logs()
+    );
+    assert_eq!(
+        d2.writes(
+            &["ServiceImport", "Service", "EndpointSlice"],
+            &["create", "update", "delete"]
+        ),
+        0.0
+    );
+
+    // east answers again: its listing proves the export gone, and only now does the import go
+    proxy.set(Fault::Pass);
+    gone(
+        &Api::<ServiceImport>::namespaced(west.clone(), &ns.name),
+        "web",
+    )
+    .await;
+    slices_are(&west, &ns.name, "web", &[]).await;
+}
+
+#[tokio::test]
+async fn a_dry_run_and_a_standby_write_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-dry-run").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    export(&east, &ns.name, "web").await;
+    service(&west, &ns.name, "db", 80, &["10.202.1.5"]).await;
+    export(&west, &ns.name, "db").await;
+    let exports: Api<ServiceExport> = Api::namespaced(west.clone(), &ns.name);
+    let export_version = || async {
+        exports
+            .get("db")
+            .await
+            .expect("the export")
+            .resource_version()
+    };
+    let before = (versions(&west, &ns.name).await, export_version().await);
+
+    let dry = daemon(&ns.name, &["--dry-run"]).await;
+    eventually("the dry run to say what it would write", WAIT, || async {
+        let logs = dry.logs();
+        let would = |kind: &str, verb: &str| {
+            logs.lines()
+                .any(|l| l.contains("dry run: would") && l.contains(kind) && l.contains(verb))
+        };
+        if would("ServiceImport", "create") {
+            Ok(())
+        } else {
+            Err(logs)
+        }
+    })
+    .await;
+    let after = (versions(&west, &ns.name).await, export_version().await);
+    assert_eq!(after, before, "a dry run writes nothing\n{}", dry.logs());
+    let kinds = ["ServiceImport", "Service", "EndpointSlice"];
+    assert_eq!(dry.writes(&kinds, &["create", "update", "delete"]), 0.0);
+    drop(dry);
+
+    // a standby beside a leader: the leader writes, the standby nothing
+    let leader = daemon(&ns.name, &[]).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+    let standby = daemon(&ns.name, &[]).await;
+    service(&east, &ns.name, "api", 80, &["10.201.1.9"]).await;
+    export(&east, &ns.name, "api").await;
+    import_listing(&west, &ns.name, "api", &[REMOTE]).await;
+    // the standby saw the change and set it aside
+    standby
+        .wait_metric("xcc_reconciles_total", &[("outcome", "not_leader")], 1.0)
+        .await;
+    assert_eq!(
+        standby.writes(&kinds, &["create", "update", "delete"]),
+        0.0,
+        "{}",
+        standby.logs()
+    );
+    assert!(leader.writes(&["ServiceImport"], &["create"]) >= 2.0);
+}
+
+#[tokio::test]
+async fn the_label_mode_and_mcs_work_side_by_side_on_one_service() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-both").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    // labelled for the label mode, and exported through the MCS API
+    let label = json!({"metadata": {"labels": {"fair.com/cross-cluster": "true"}}});
+    Api::<Service>::namespaced(east.clone(), &ns.name)
+        .patch("web", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label it");
+    Api::<EndpointSlice>::namespaced(east.clone(), &ns.name)
+        .patch("web-src", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label its slice");
+    export(&east, &ns.name, "web").await;
+    let d = daemon(&ns.name, &[]).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+    let services: Api<Service> = Api::namespaced(west.clone(), &ns.name);
+    let follower = eventually("the follower", WAIT, || async {
+        services
+            .get_opt("web")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no follower".to_string())
+    })
+    .await;
+    assert_eq!(
+        follower
+            .labels()
+            .get("fair.com/cross-cluster")
+            .map(String::as_str),
+        Some("follower")
+    );
+    slices_are(&west, &ns.name, "web", &[(REMOTE, &["10.201.1.5"])]).await;
+
+    // unexport: the import goes, the follower stays as it was
+    let follower_version = follower.resource_version();
+    unexport(&east, &ns.name, "web").await;
+    gone(
+        &Api::<ServiceImport>::namespaced(west.clone(), &ns.name),
+        "web",
+    )
+    .await;
+    let still = services.get("web").await.expect("the follower stays");
+    assert_eq!(still.resource_version(), follower_version);
+    assert!(d.exited().is_none(), "{}", d.logs());
+}
+
+#[tokio::test]
+async fn a_cluster_property_names_the_cluster_in_imports_and_slices() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-property").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    export(&east, &ns.name, "web").await;
+    let d = daemon(&ns.name, &[]).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+
+    // east names itself: the import and the slices follow, the old-named slice goes
+    let properties: Api<ClusterProperty> = Api::all(east.clone());
+    let _ = properties
+        .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+        .await;
+    let cp: ClusterProperty = serde_json::from_value(json!({
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "cluster-e"},
+    }))
+    .expect("a ClusterProperty");
+    properties
+        .create(&PostParams::default(), &cp)
+        .await
+        .expect("create the property");
+    let renamed = async {
+        import_listing(&west, &ns.name, "web", &["cluster-e"]).await;
+        slices_are(&west, &ns.name, "web", &[("cluster-e", &["10.201.1.5"])]).await;
+    };
+    renamed.await;
+    properties
+        .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+        .await
+        .expect("delete the property");
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+    slices_are(&west, &ns.name, "web", &[(REMOTE, &["10.201.1.5"])]).await;
+    assert!(d.exited().is_none(), "{}", d.logs());
+}
