@@ -126,9 +126,13 @@ async fn check_mcs(local: &kube::Client, mcs: &crate::state::McsLocal) -> Result
     if !mcs.source.fallback.is_empty() {
         return Ok(());
     }
+    // read as the watch reads it (list with a field selector: the RBAC grants list and watch)
+    let lp =
+        kube::api::ListParams::default().fields(&format!("metadata.name={CLUSTER_ID_PROPERTY}"));
     let property = kube::Api::<ClusterProperty>::all(local.clone())
-        .get_opt(CLUSTER_ID_PROPERTY)
-        .await;
+        .list(&lp)
+        .await
+        .map(|l| l.items.into_iter().next());
     match property {
         Ok(Some(p)) if crate::desired::mcs::is_cluster_name(&p.spec.value) => Ok(()),
         _ => Err(Error::Config(

@@ -597,6 +597,29 @@ async fn the_label_mode_and_mcs_work_side_by_side_on_one_service() {
     assert!(d.exited().is_none(), "{}", d.logs());
 }
 
+/// Deletes east's ClusterProperty when dropped (a failed test too): it names the whole cluster.
+struct PropertyGone(Client);
+
+impl Drop for PropertyGone {
+    fn drop(&mut self) {
+        let c = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async {
+                    let api: Api<ClusterProperty> = Api::all(c);
+                    let _ = api
+                        .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+                        .await;
+                });
+            }
+        })
+        .join();
+    }
+}
+
 #[tokio::test]
 async fn a_cluster_property_names_the_cluster_in_imports_and_slices() {
     let _turn = ONE_AT_A_TIME.lock().await;
@@ -610,6 +633,7 @@ async fn a_cluster_property_names_the_cluster_in_imports_and_slices() {
 
     // east names itself: the import and the slices follow, the old-named slice goes
     let properties: Api<ClusterProperty> = Api::all(east.clone());
+    let _cleanup = PropertyGone(east.clone());
     let _ = properties
         .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
         .await;
