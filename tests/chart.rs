@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use cross_cluster_controller::cli::remote_access::reader_rules;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -107,6 +108,16 @@ async fn the_mcs_crds_come_only_when_asked_and_helm_never_deletes_them() {
     };
     let off = template(&kc, &["remoteKubeconfig.existingSecret=x"]).unwrap();
     assert_eq!(crds(&off), vec![], "no CRD without mcs.enabled");
+    let elsewhere = template(
+        &kc,
+        &[
+            "remoteKubeconfig.existingSecret=x",
+            "mcs.enabled=true",
+            "mcs.crds=false",
+        ],
+    )
+    .unwrap();
+    assert_eq!(crds(&elsewhere), vec![], "no CRD with mcs.crds=false");
     let on_text = support::tools::template_text(
         &kc,
         "fair-system",
@@ -572,6 +583,348 @@ fn show(r: &BTreeMap<String, BTreeSet<String>>) -> String {
         .join(", ")
 }
 
+const RW: &[&str] = &["create", "delete", "get", "list", "update", "watch"];
+const RO: &[&str] = &["get", "list", "watch"];
+
+/// What the daemon sends (src/) in its own cluster: watches and lists, get after a 409, create
+/// (POST), update (PUT with a resourceVersion), delete (uid precondition); events.k8s.io Events
+/// (create, and patch for a series); its Lease: get, create, update; remotes from Secrets: the
+/// labelled Secrets of its own namespace, listed and watched.
+fn writer_needs() -> BTreeMap<String, BTreeSet<String>> {
+    rules(&[
+        ("endpoints", RW),
+        ("endpointslices.discovery.k8s.io", RW),
+        ("events.events.k8s.io", &["create", "patch"]),
+        (
+            "leases.coordination.k8s.io",
+            &["create", "delete", "get", "list", "update"],
+        ),
+        ("namespaces", RO),
+        // update: a renewed remote token is written back into its Secret (tokenRenewal)
+        ("secrets", &["get", "list", "update", "watch"]),
+        ("services", RW),
+    ])
+}
+
+/// What the other cluster's daemon reads with the remote reader's token: Services and their
+/// endpoints, and the namespace kube-system (its uid is the cluster's id).
+fn reader_needs() -> BTreeMap<String, BTreeSet<String>> {
+    rules(&[
+        ("endpoints", RO),
+        ("endpointslices.discovery.k8s.io", RO),
+        ("namespaces[kube-system]", &["get"]),
+        // a token for itself only, so the other cluster's daemon renews it
+        (
+            "serviceaccounts/token[cross-cluster-remote-reader]",
+            &["create"],
+        ),
+        ("services", RO),
+    ])
+}
+
+/// What the daemon sends with `--mcs` on top, in its own cluster: its ServiceExports read, only
+/// their status written; ServiceImports created, updated, deleted (get after a 409), and their
+/// status; the ClusterProperty listed and watched (the derived Services and the MCS slices are
+/// `services` and `endpointslices`, granted already).
+fn mcs_writer_needs() -> BTreeMap<String, BTreeSet<String>> {
+    rules(&[
+        ("clusterproperties.about.k8s.io", &["list", "watch"]),
+        ("serviceexports.multicluster.x-k8s.io", &["list", "watch"]),
+        ("serviceexports.multicluster.x-k8s.io/status", &["update"]),
+        ("serviceimports.multicluster.x-k8s.io", RW),
+        ("serviceimports.multicluster.x-k8s.io/status", &["update"]),
+    ])
+}
+
+/// What a daemon with `--mcs` reads of a remote on top: its ServiceExports and ClusterProperty
+/// (the unlabelled Services and EndpointSlices of exporting namespaces: granted already).
+fn mcs_reader_needs() -> BTreeMap<String, BTreeSet<String>> {
+    rules(&[
+        ("clusterproperties.about.k8s.io", &["list", "watch"]),
+        ("serviceexports.multicluster.x-k8s.io", &["list", "watch"]),
+    ])
+}
+
+/// `a` and `b` in one map (a resource in both gets the union of the verbs).
+fn union(
+    a: &BTreeMap<String, BTreeSet<String>>,
+    b: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out = a.clone();
+    for (resource, verbs) in b {
+        out.entry(resource.clone())
+            .or_default()
+            .extend(verbs.iter().cloned());
+    }
+    out
+}
+
+/// The rules of the ClusterRole `name` of a render, as `granted` keys them (`resource.group`,
+/// `[names]` when limited to named objects), so that a render compares with the needs above.
+fn rendered_rules(docs: &[serde_yaml::Value], name: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ClusterRole {name}"));
+    let strings = |v: &serde_yaml::Value| -> Vec<String> {
+        v.as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|x| x.as_str().expect("a string").to_string())
+            .collect()
+    };
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for rule in role["rules"].as_sequence().expect("rules") {
+        let names = strings(&rule["resourceNames"]);
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                // kubectl's spelling: resource.group, a subresource after the group
+                let (res, sub) = match resource.split_once('/') {
+                    Some((r, s)) => (r.to_string(), format!("/{s}")),
+                    None => (resource.clone(), String::new()),
+                };
+                let mut key = if group.is_empty() {
+                    format!("{res}{sub}")
+                } else {
+                    format!("{res}.{group}{sub}")
+                };
+                if !names.is_empty() {
+                    key = format!("{key}[{}]", names.join(" "));
+                }
+                out.entry(key).or_default().extend(strings(&rule["verbs"]));
+            }
+        }
+    }
+    out
+}
+
+/// The daemon's arguments in a render that concern MCS.
+fn mcs_args(docs: &[serde_yaml::Value]) -> Vec<String> {
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("a string argument").to_string())
+        .filter(|a| a.starts_with("--mcs") || a.starts_with("--local-cluster-name"))
+        .collect()
+}
+
+/// The documents of a render, the Deployment's arguments starting with `prefix` left out.
+fn without_args(docs: &[serde_yaml::Value], prefix: &str) -> Vec<serde_yaml::Value> {
+    let mut docs = docs.to_vec();
+    for d in &mut docs {
+        if d["kind"] == "Deployment" {
+            let args = &mut d["spec"]["template"]["spec"]["containers"][0]["args"];
+            let seq = args.as_sequence_mut().expect("args");
+            seq.retain(|a| !a.as_str().is_some_and(|a| a.starts_with(prefix)));
+        }
+    }
+    docs
+}
+
+/// The documents of a render without the CustomResourceDefinitions.
+fn without_crds(docs: &[serde_yaml::Value]) -> Vec<serde_yaml::Value> {
+    docs.iter()
+        .filter(|d| d["kind"] != "CustomResourceDefinition")
+        .cloned()
+        .collect()
+}
+
+/// `mcs.*` values change exactly what they say, in a render: `enabled` adds `--mcs` and the MCS
+/// rules (the writer's and the reader's, nothing else) and the CRDs; `clusterName` adds
+/// `--local-cluster-name`; `crds=false` drops the CRDs and nothing else. The reader's rules are
+/// `remote-access --mcs`'s own.
+#[tokio::test]
+async fn the_mcs_values_add_exactly_the_flags_the_rules_and_the_crds_asked_for() {
+    let kc = bed().await.kubeconfig.clone();
+    let writer = "cross-cluster-controller";
+    let reader = "cross-cluster-remote-reader-fair-system";
+    let off = template(&kc, &[]).unwrap();
+    let on = template(&kc, &["mcs.enabled=true"]).unwrap();
+    let named = template(&kc, &["mcs.enabled=true", "mcs.clusterName=west"]).unwrap();
+    let elsewhere = template(&kc, &["mcs.enabled=true", "mcs.crds=false"]).unwrap();
+
+    // off (the default): no flag, no rule of either API group, the rules of the daemon without it
+    assert_eq!(mcs_args(&off), Vec::<String>::new());
+    assert_eq!(rendered_rules(&off, writer), writer_needs_rendered());
+    assert_eq!(rendered_rules(&off, reader), reader_needs_rendered());
+    let text = off
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect::<String>();
+    for group in ["multicluster.x-k8s.io", "about.k8s.io"] {
+        assert!(!text.contains(group), "{group} without mcs.enabled");
+    }
+
+    // on: --mcs, and exactly the MCS rules on top
+    assert_eq!(mcs_args(&on), ["--mcs"]);
+    assert_eq!(
+        rendered_rules(&on, writer),
+        union(&writer_needs_rendered(), &mcs_writer_needs())
+    );
+    assert_eq!(
+        rendered_rules(&on, reader),
+        union(&reader_needs_rendered(), &mcs_reader_needs())
+    );
+    // everything else is as without mcs: the other documents, the Deployment but for --mcs
+    let strip = |docs: &[serde_yaml::Value]| -> Vec<serde_yaml::Value> {
+        without_args(&without_crds(docs), "--mcs")
+            .into_iter()
+            .filter(|d| {
+                !(d["kind"] == "ClusterRole"
+                    && (d["metadata"]["name"] == writer || d["metadata"]["name"] == reader))
+            })
+            .collect()
+    };
+    assert_eq!(strip(&on), strip(&off));
+
+    // the reader's rules are exactly remote-access's, with and without --mcs
+    for (docs, mcs) in [(&off, false), (&on, true)] {
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == reader)
+            .unwrap();
+        let chart: Vec<PolicyRule> = serde_yaml::from_value(role["rules"].clone()).unwrap();
+        let cli: Vec<PolicyRule> = serde_json::from_value(reader_rules(mcs)).unwrap();
+        assert_eq!(chart, cli, "remote-access's rules (mcs {mcs})");
+    }
+
+    // clusterName: --local-cluster-name, nothing else changes
+    assert_eq!(mcs_args(&named), ["--mcs", "--local-cluster-name=west"]);
+    assert_eq!(without_args(&named, "--local-cluster-name"), on);
+
+    // crds=false: the same render without the three CRDs
+    assert_eq!(on.len(), elsewhere.len() + 3);
+    assert_eq!(elsewhere, without_crds(&on));
+
+    // a cluster name without mcs, or one that cannot name a cluster, is refused
+    let err = template(&kc, &["mcs.clusterName=west"]).unwrap_err();
+    assert!(err.contains("needs mcs.enabled=true"), "{err}");
+    for bad in ["West", "west_1", "-west", &"a".repeat(64)] {
+        let set = format!("mcs.clusterName={bad}");
+        let err = template(&kc, &["mcs.enabled=true", &set]).unwrap_err();
+        assert!(err.contains("clusterName"), "{bad}: {err}");
+    }
+}
+
+/// `writer_needs` as the chart's ClusterRole holds it: the Lease and Secret rights are in Roles
+/// of the release namespace, not in the ClusterRole.
+fn writer_needs_rendered() -> BTreeMap<String, BTreeSet<String>> {
+    let mut needs = writer_needs();
+    needs.remove("leases.coordination.k8s.io");
+    needs.remove("secrets");
+    needs
+}
+
+/// `reader_needs` as the reader's ClusterRole holds it: its token right is in a Role.
+fn reader_needs_rendered() -> BTreeMap<String, BTreeSet<String>> {
+    let mut needs = reader_needs();
+    needs.retain(|k, _| !k.starts_with("serviceaccounts/token"));
+    needs
+}
+
+/// Installed with `mcs.enabled=true` (the CRDs left out, as for a cluster that has them from
+/// elsewhere: RBAC is about names, the CRDs need not be there), the two identities are granted,
+/// as the API server says, exactly what the daemon sends with `--mcs` on top; the writer may
+/// write ServiceExports' status only, the reader no MCS write at all.
+#[tokio::test]
+async fn with_mcs_the_charts_identities_are_granted_exactly_what_the_daemon_sends() {
+    let bed = bed().await;
+    let kc = bed.kubeconfig.clone();
+    let ns = namespace("chart-rbac-mcs").await;
+    let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
+    run(helm(&kc).args([
+        "install",
+        &release,
+        CHART,
+        "--kube-context",
+        LOCAL,
+        "--namespace",
+        &ns.name,
+        "--set",
+        "remoteKubeconfig.existingSecret=remote-kubeconfig",
+        "--set",
+        "mcs.enabled=true",
+        "--set",
+        "mcs.crds=false",
+        "--set",
+        "mcs.clusterName=west",
+    ]));
+    let writer = format!("system:serviceaccount:{}:{release}", ns.name);
+    let reader = format!(
+        "system:serviceaccount:{}:cross-cluster-remote-reader",
+        ns.name
+    );
+    let writer_has = granted(&kc, &ns.name, &writer);
+    let reader_has = granted(&kc, &ns.name, &reader);
+    assert_eq!(
+        writer_has,
+        union(&writer_needs(), &mcs_writer_needs()),
+        "the writer's rights with mcs"
+    );
+    assert_eq!(
+        reader_has,
+        union(&reader_needs(), &mcs_reader_needs()),
+        "the reader's rights with mcs"
+    );
+    for (verb, resource) in [
+        ("update", "serviceexports.multicluster.x-k8s.io"),
+        ("create", "serviceexports.multicluster.x-k8s.io"),
+        ("delete", "serviceexports.multicluster.x-k8s.io"),
+        ("patch", "serviceimports.multicluster.x-k8s.io"),
+        ("update", "serviceimports.multicluster.x-k8s.io/finalizers"),
+        ("create", "clusterproperties.about.k8s.io"),
+    ] {
+        assert!(
+            !can_i(&kc, &ns.name, &writer, verb, resource),
+            "the writer may {verb} {resource}"
+        );
+    }
+    for (verb, resource) in [
+        ("update", "serviceexports.multicluster.x-k8s.io/status"),
+        ("create", "serviceimports.multicluster.x-k8s.io"),
+        ("list", "serviceimports.multicluster.x-k8s.io"),
+    ] {
+        assert!(
+            !can_i(&kc, &ns.name, &reader, verb, resource),
+            "the reader may {verb} {resource}"
+        );
+    }
+    // the Deployment runs the daemon with --mcs and the cluster's name
+    let deployment: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client(LOCAL).await, &ns.name);
+    let args = deployment
+        .get(&release)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--mcs"), "{args:?}");
+    assert!(
+        args.iter().any(|a| a == "--local-cluster-name=west"),
+        "{args:?}"
+    );
+    run(helm(&kc).args([
+        "uninstall",
+        &release,
+        "--kube-context",
+        LOCAL,
+        "--namespace",
+        &ns.name,
+    ]));
+}
+
 #[tokio::test]
 async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
     let bed = bed().await;
@@ -595,37 +948,8 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         ns.name
     );
 
-    // what the daemon sends (src/): watches and lists, get after a 409, create (POST), update
-    // (PUT with a resourceVersion), delete (uid precondition); events.k8s.io Events (create, and
-    // patch for a series); its Lease: get, create, update
-    let rw: &[&str] = &["create", "delete", "get", "list", "update", "watch"];
-    let ro: &[&str] = &["get", "list", "watch"];
-    // remotes from Secrets: the writer lists and watches the labelled Secrets of its own
-    // namespace; a remote's reader gets the namespace kube-system (its uid is the cluster's id)
-    let writer_needs = rules(&[
-        ("endpoints", rw),
-        ("endpointslices.discovery.k8s.io", rw),
-        ("events.events.k8s.io", &["create", "patch"]),
-        (
-            "leases.coordination.k8s.io",
-            &["create", "delete", "get", "list", "update"],
-        ),
-        ("namespaces", ro),
-        // update: a renewed remote token is written back into its Secret (tokenRenewal)
-        ("secrets", &["get", "list", "update", "watch"]),
-        ("services", rw),
-    ]);
-    let reader_needs = rules(&[
-        ("endpoints", ro),
-        ("endpointslices.discovery.k8s.io", ro),
-        ("namespaces[kube-system]", &["get"]),
-        // a token for itself only, so the other cluster's daemon renews it
-        (
-            "serviceaccounts/token[cross-cluster-remote-reader]",
-            &["create"],
-        ),
-        ("services", ro),
-    ]);
+    let writer_needs = writer_needs();
+    let reader_needs = reader_needs();
     let writer_has = granted(&kc, &ns.name, &writer);
     let reader_has = granted(&kc, &ns.name, &reader);
     assert_eq!(writer_has, writer_needs, "the writer's rights");

@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cross_cluster_controller::remotes::credentials::{self, Credential};
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -276,6 +277,155 @@ async fn an_existing_reader_role_without_the_cluster_id_right_is_named_and_left_
         .delete(&name, &DeleteParams::default())
         .await;
     let _ = roles.delete(&name, &DeleteParams::default()).await;
+}
+
+/// Whether the identity of `client` may `verb` `resource` (of `group`, its `subresource`) in
+/// `namespace` (None: cluster-wide), as the API server answers a SelfSubjectAccessReview: by
+/// name, so the resource's CRD need not be installed.
+async fn may(
+    client: &Client,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    subresource: Option<&str>,
+    namespace: Option<&str>,
+) -> bool {
+    let review: SelfSubjectAccessReview = obj(json!({"spec": {"resourceAttributes": {
+        "verb": verb, "group": group, "resource": resource,
+        "subresource": subresource, "namespace": namespace,
+    }}}));
+    Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("a SelfSubjectAccessReview")
+        .status
+        .expect("its status")
+        .allowed
+}
+
+/// A client whose only credential is the kubeconfig `remote-access` printed.
+async fn client_of(kubeconfig: &str, dir: &std::path::Path, file: &str) -> Client {
+    let path = dir.join(file);
+    std::fs::write(&path, kubeconfig).unwrap();
+    let parsed = Kubeconfig::read_from(&path).unwrap();
+    let cfg = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+const MCS: &str = "multicluster.x-k8s.io";
+const ABOUT: &str = "about.k8s.io";
+
+/// `remote-access --mcs`: its token may list and watch ServiceExports and ClusterProperties of
+/// the whole cluster (and unlabelled Services and EndpointSlices), and write nothing of MCS; a
+/// token without `--mcs` may not list ServiceExports; an existing reader ClusterRole without the
+/// MCS rights is named when `--mcs` asks for them, and left as it is.
+#[tokio::test]
+async fn a_remote_access_mcs_token_reads_exports_and_properties_and_writes_nothing_of_mcs() {
+    let ns = namespace("remote-access-mcs").await;
+    let kc = bed().await.kubeconfig.to_string_lossy().to_string();
+    let base = [
+        "--kubeconfig",
+        &kc,
+        "--context",
+        REMOTE,
+        "--namespace",
+        &ns.name,
+        "--duration",
+        "1h",
+    ];
+    let (mcs_kubeconfig, stderr) =
+        remote_access(&[&base[..], &["--service-account", "mcs-reader", "--mcs"]].concat());
+    assert!(
+        stderr.contains("created ServiceAccount")
+            && stderr.contains("serviceexports, clusterproperties"),
+        "{stderr}"
+    );
+    let (plain_kubeconfig, _) =
+        remote_access(&[&base[..], &["--service-account", "plain-reader"]].concat());
+    let dir = tempfile::tempdir().unwrap();
+    let mcs = client_of(&mcs_kubeconfig, dir.path(), "mcs.kubeconfig").await;
+    let plain = client_of(&plain_kubeconfig, dir.path(), "plain.kubeconfig").await;
+
+    // reads, cluster-wide (None) and in a namespace
+    for scope in [None, Some(ns.name.as_str())] {
+        for verb in ["list", "watch"] {
+            assert!(
+                may(&mcs, verb, MCS, "serviceexports", None, scope).await,
+                "{verb} serviceexports in {scope:?}"
+            );
+            assert!(
+                may(&mcs, verb, ABOUT, "clusterproperties", None, scope).await,
+                "{verb} clusterproperties in {scope:?}"
+            );
+            // the Services and EndpointSlices of an exporting namespace carry no label of ours
+            assert!(may(&mcs, verb, "", "services", None, scope).await);
+            assert!(
+                may(
+                    &mcs,
+                    verb,
+                    "discovery.k8s.io",
+                    "endpointslices",
+                    None,
+                    scope
+                )
+                .await
+            );
+        }
+    }
+    // no MCS write of any kind: the exporting cluster's own daemon writes its exports' status,
+    // the reading daemon its imports in its own cluster
+    let ns_scope = Some(ns.name.as_str());
+    for (verb, group, resource, sub) in [
+        ("update", MCS, "serviceexports", Some("status")),
+        ("patch", MCS, "serviceexports", Some("status")),
+        ("create", MCS, "serviceexports", None),
+        ("update", MCS, "serviceexports", None),
+        ("delete", MCS, "serviceexports", None),
+        ("create", MCS, "serviceimports", None),
+        ("list", MCS, "serviceimports", None),
+        ("update", MCS, "serviceimports", Some("status")),
+        ("create", ABOUT, "clusterproperties", None),
+        ("update", ABOUT, "clusterproperties", None),
+    ] {
+        for scope in [None, ns_scope] {
+            assert!(
+                !may(&mcs, verb, group, resource, sub, scope).await,
+                "{verb} {resource}/{sub:?} in {scope:?}"
+            );
+        }
+    }
+    // without --mcs: no MCS read either
+    for (group, resource) in [(MCS, "serviceexports"), (ABOUT, "clusterproperties")] {
+        assert!(!may(&plain, "list", group, resource, None, None).await);
+    }
+    assert!(may(&plain, "list", "", "services", None, None).await);
+
+    // the plain reader's ClusterRole, asked for with --mcs: named, not changed
+    let roles: Api<ClusterRole> = Api::all(client(REMOTE).await);
+    let plain_role = format!("plain-reader-{}", ns.name);
+    let before = roles.get(&plain_role).await.unwrap().rules;
+    let (_, stderr) =
+        remote_access(&[&base[..], &["--service-account", "plain-reader", "--mcs"]].concat());
+    assert!(
+        stderr.contains(&format!(
+            "warning: the existing ClusterRole {plain_role} does not grant list \
+             serviceexports.multicluster.x-k8s.io, watch serviceexports.multicluster.x-k8s.io, \
+             list clusterproperties.about.k8s.io, watch clusterproperties.about.k8s.io:"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(roles.get(&plain_role).await.unwrap().rules, before);
+    assert!(!may(&plain, "list", MCS, "serviceexports", None, None).await);
+
+    for sa in ["mcs-reader", "plain-reader"] {
+        let name = format!("{sa}-{}", ns.name);
+        let _ = Api::<ClusterRoleBinding>::all(client(REMOTE).await)
+            .delete(&name, &DeleteParams::default())
+            .await;
+        let _ = roles.delete(&name, &DeleteParams::default()).await;
+    }
 }
 
 /// The token in a Secret that `remote-access --output secret` made, as the daemon reads it.

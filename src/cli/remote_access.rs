@@ -16,6 +16,7 @@ use kube::{Api, Client, Config};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::desired::mcs::{ABOUT_GROUP, MCS_GROUP};
 use crate::error::{Error, Result};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -53,6 +54,11 @@ pub struct RemoteAccessArgs {
     /// (default: the context name).
     #[arg(long)]
     pub cluster_name: Option<String>,
+    /// Also let the reader serve a daemon that runs with `--mcs` (Multi-Cluster Services): list
+    /// and watch ServiceExports (multicluster.x-k8s.io) and ClusterProperties (about.k8s.io),
+    /// cluster-wide; never their status. Services and EndpointSlices are read without it.
+    #[arg(long)]
+    pub mcs: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -63,13 +69,23 @@ pub enum Output {
 
 /// The rules of the read-only identity: read Services and their endpoints, and get the namespace
 /// `kube-system` (its uid is the cluster's id, how the other daemon tells clusters apart), nothing
-/// else.
-pub fn reader_rules() -> serde_json::Value {
-    json!([
-        {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}
-    ])
+/// else. With `mcs` (a reading daemon with `--mcs`) also list and watch ServiceExports and
+/// ClusterProperties: the Services and EndpointSlices of exporting namespaces, which carry no
+/// label of ours, are read with the first two rules (RBAC cannot narrow them to a label anyway).
+/// The same rules as the chart's remote reader (`remote-reader.yaml`, with `mcs.enabled`).
+pub fn reader_rules(mcs: bool) -> serde_json::Value {
+    let mut rules = vec![
+        json!({"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["get", "list", "watch"]}),
+        json!({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}),
+        json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}),
+    ];
+    if mcs {
+        rules.extend([
+            json!({"apiGroups": [MCS_GROUP], "resources": ["serviceexports"], "verbs": ["list", "watch"]}),
+            json!({"apiGroups": [ABOUT_GROUP], "resources": ["clusterproperties"], "verbs": ["list", "watch"]}),
+        ]);
+    }
+    serde_json::Value::Array(rules)
 }
 
 /// The label selecting the Secrets the daemon reads remotes from (its `--remote-secret-selector`
@@ -78,12 +94,12 @@ pub const REMOTE_SECRET_LABEL: &str = "fair.com/cross-cluster-remote";
 /// The label (or annotation) naming the remote a Secret is for.
 pub const REMOTE_NAME_KEY: &str = "fair.com/cross-cluster-name";
 
-/// Each `reader_rules()` permission that `existing` does not grant, as `verb resource[/name]`
+/// Each `reader_rules(mcs)` permission that `existing` does not grant, as `verb resource[/name]`
 /// (RBAC semantics: a rule grants when its groups, resources and verbs include the asked one or
 /// `*`, and its resourceNames are empty or include the name).
-pub fn missing_rights(existing: &[PolicyRule]) -> Vec<String> {
+pub fn missing_rights(existing: &[PolicyRule], mcs: bool) -> Vec<String> {
     let wanted: Vec<PolicyRule> =
-        serde_json::from_value(reader_rules()).expect("reader_rules are PolicyRules");
+        serde_json::from_value(reader_rules(mcs)).expect("reader_rules are PolicyRules");
     let has = |list: &Option<Vec<String>>, item: &str| {
         list.iter().flatten().any(|x| x == item || x == "*")
     };
@@ -339,20 +355,18 @@ async fn ensure_identity(client: &Client, args: &RemoteAccessArgs) -> Result<()>
     let roles = Api::<ClusterRole>::all(client.clone());
     let role_created = create_if_missing(
         &roles,
-        json!({"metadata": {"name": role_name}, "rules": reader_rules()}),
+        json!({"metadata": {"name": role_name}, "rules": reader_rules(args.mcs)}),
     )
     .await?;
     if !role_created {
         // one made by the chart or an older remote-access: it is left as it is, but one that
         // lacks a right the daemon needs is named here rather than found later in its logs
         let existing = roles.get(&role_name).await?;
-        let missing = missing_rights(existing.rules.as_deref().unwrap_or_default());
+        let missing = missing_rights(existing.rules.as_deref().unwrap_or_default(), args.mcs);
         if !missing.is_empty() {
             eprintln!(
-                "warning: the existing ClusterRole {role_name} does not grant {}: the other \
-                 cluster's daemon needs it (kube-system's uid is this cluster's id). Upgrade the \
-                 chart that made it, or delete the ClusterRole and run remote-access again.",
-                missing.join(", ")
+                "warning: {}",
+                missing_warning(&role_name, &missing, args.mcs)
             );
         }
     }
@@ -365,12 +379,34 @@ async fn ensure_identity(client: &Client, args: &RemoteAccessArgs) -> Result<()>
     .await?;
     renewal_role(client, &args.namespace, sa_name).await?;
     eprintln!(
-        "{} ServiceAccount {}/{sa_name} (read-only: services, endpoints, endpointslices; \
+        "{} ServiceAccount {}/{sa_name} (read-only: services, endpoints, endpointslices{}; \
          get namespace kube-system; a token for itself only, to renew it)",
         if created { "created" } else { "reusing" },
-        args.namespace
+        args.namespace,
+        if args.mcs {
+            ", serviceexports, clusterproperties"
+        } else {
+            ""
+        }
     );
     Ok(())
+}
+
+/// What an existing reader ClusterRole lacks, and what to do about it: it is left as it is.
+pub fn missing_warning(role_name: &str, missing: &[String], mcs: bool) -> String {
+    let why = if mcs {
+        "the other cluster's daemon needs it (kube-system's uid is this cluster's id; with --mcs \
+         it lists ServiceExports and ClusterProperties). Upgrade the chart that made it (with \
+         mcs.enabled=true)"
+    } else {
+        "the other cluster's daemon needs it (kube-system's uid is this cluster's id). Upgrade \
+         the chart that made it"
+    };
+    format!(
+        "the existing ClusterRole {role_name} does not grant {}: {why}, or delete the ClusterRole \
+         and run remote-access again.",
+        missing.join(", ")
+    )
 }
 
 /// A token for the ServiceAccount, valid for `--duration`.
@@ -593,7 +629,7 @@ mod tests {
 
     #[test]
     fn the_reader_may_get_kube_system_and_no_other_namespace() {
-        let rules = policy(reader_rules());
+        let rules = policy(reader_rules(false));
         let ns: Vec<&PolicyRule> = rules
             .iter()
             .filter(|r| r.resources.iter().flatten().any(|x| x == "namespaces"))
@@ -612,7 +648,7 @@ mod tests {
                 .all(|v| ["get", "list", "watch"].contains(&v.as_str()))),
             "read-only"
         );
-        assert!(missing_rights(&rules).is_empty());
+        assert!(missing_rights(&rules, false).is_empty());
     }
 
     #[test]
@@ -622,15 +658,18 @@ mod tests {
             {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
         ]));
-        assert_eq!(missing_rights(&old), ["get namespaces/kube-system"]);
+        assert_eq!(missing_rights(&old, false), ["get namespaces/kube-system"]);
         let other_ns = policy(json!([
             {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": ["*"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["default"], "verbs": ["get"]}
         ]));
-        assert_eq!(missing_rights(&other_ns), ["get namespaces/kube-system"]);
         assert_eq!(
-            missing_rights(&[]),
+            missing_rights(&other_ns, false),
+            ["get namespaces/kube-system"]
+        );
+        assert_eq!(
+            missing_rights(&[], false),
             [
                 "get services",
                 "list services",
@@ -647,16 +686,105 @@ mod tests {
         let wide = policy(
             json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]),
         );
-        assert!(missing_rights(&wide).is_empty());
-        let mut split = policy(reader_rules());
+        assert!(missing_rights(&wide, false).is_empty());
+        let mut split = policy(reader_rules(false));
         split.push(
             policy(json!([{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]))
                 .remove(0),
         );
         split.retain(|r| r.resource_names.is_none());
         assert!(
-            missing_rights(&split).is_empty(),
+            missing_rights(&split, false).is_empty(),
             "get on every namespace covers kube-system"
         );
+    }
+
+    #[test]
+    fn mcs_adds_to_the_reader_only_list_and_watch_of_exports_and_properties() {
+        let plain = policy(reader_rules(false));
+        let mcs = policy(reader_rules(true));
+        assert_eq!(mcs[..plain.len()], plain[..], "the plain rules, unchanged");
+        assert_eq!(
+            mcs[plain.len()..],
+            policy(json!([
+                {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["about.k8s.io"], "resources": ["clusterproperties"], "verbs": ["list", "watch"]}
+            ]))[..],
+            "list and watch of exports and properties, of every namespace, nothing else"
+        );
+        // Services and EndpointSlices of every namespace, with no label or name restriction:
+        // what the daemon reads of an exporting namespace
+        for (group, resource) in [("", "services"), ("discovery.k8s.io", "endpointslices")] {
+            assert!(
+                mcs.iter().any(
+                    |r| r.api_groups.as_deref() == Some(&[group.to_string()][..])
+                        && r.resources.iter().flatten().any(|x| x == resource)
+                        && r.resource_names.is_none()
+                        && ["list", "watch"]
+                            .iter()
+                            .all(|v| r.verbs.iter().any(|x| x == v))
+                ),
+                "{resource}"
+            );
+        }
+        // no write, no status, no ServiceImport: the reading daemon writes only in its own cluster
+        assert!(mcs.iter().all(|r| {
+            r.verbs
+                .iter()
+                .all(|v| ["get", "list", "watch"].contains(&v.as_str()))
+                && r.resources
+                    .iter()
+                    .flatten()
+                    .all(|x| !x.contains('/') && x != "serviceimports")
+        }));
+        assert!(missing_rights(&mcs, true).is_empty());
+        assert!(missing_rights(&mcs, false).is_empty());
+    }
+
+    #[test]
+    fn an_existing_role_without_the_mcs_rights_is_named_only_with_mcs() {
+        let plain = policy(reader_rules(false));
+        assert!(missing_rights(&plain, false).is_empty());
+        let missing = missing_rights(&plain, true);
+        assert_eq!(
+            missing,
+            [
+                "list serviceexports.multicluster.x-k8s.io",
+                "watch serviceexports.multicluster.x-k8s.io",
+                "list clusterproperties.about.k8s.io",
+                "watch clusterproperties.about.k8s.io",
+            ]
+        );
+        let warning = missing_warning("r-ns", &missing, true);
+        assert!(
+            warning.starts_with(
+                "the existing ClusterRole r-ns does not grant list serviceexports.multicluster.x-k8s.io, "
+            ),
+            "{warning}"
+        );
+        assert!(warning.contains("mcs.enabled=true"), "{warning}");
+        assert!(!missing_warning("r-ns", &missing, false).contains("mcs"));
+        // the status subresource alone, or the right resource in another group, is not enough
+        let mut near = plain.clone();
+        near.extend(policy(json!([
+            {"apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceexports/status"], "verbs": ["*"]},
+            {"apiGroups": ["multicluster.k8s.io"], "resources": ["clusterproperties"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["about.k8s.io"], "resources": ["clusterproperties"], "verbs": ["get"]}
+        ])));
+        assert_eq!(missing_rights(&near, true), missing);
+        // a wildcard group grants it, as RBAC reads it
+        let mut wide = plain.clone();
+        wide.extend(policy(json!([
+            {"apiGroups": ["*"], "resources": ["serviceexports", "clusterproperties"], "verbs": ["list", "watch"]}
+        ])));
+        assert!(missing_rights(&wide, true).is_empty());
+    }
+
+    #[test]
+    fn mcs_is_off_unless_asked() {
+        let off = T::try_parse_from(["x"]).unwrap().a;
+        assert!(!off.mcs);
+        let on = T::try_parse_from(["x", "--mcs"]).unwrap().a;
+        assert!(on.mcs);
     }
 }

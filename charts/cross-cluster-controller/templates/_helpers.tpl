@@ -110,6 +110,9 @@ looks for (`<serviceAccount>-<namespace>`), so that it reuses these instead of c
 {{- if and .Values.sentry.dsn .Values.sentry.existingSecret }}
 {{- fail "sentry: set either dsn or existingSecret, not both" }}
 {{- end }}
+{{- if and .Values.mcs.clusterName (not .Values.mcs.enabled) }}
+{{- fail "mcs.clusterName is --local-cluster-name of the MCS path: it needs mcs.enabled=true" }}
+{{- end }}
 {{- if and .Values.remoteReader.enabled .Values.serviceAccount.create (eq (include "ccc.serviceAccountName" .) .Values.remoteReader.serviceAccountName) }}
 {{- fail "remoteReader.serviceAccountName must differ from the controller's ServiceAccount" }}
 {{- end }}
