@@ -86,6 +86,7 @@ pub async fn run(config: Config) -> Result<()> {
         metrics: Arc::clone(&metrics),
         remotes: Arc::clone(&ctx.remotes),
         local: Arc::clone(&ctx.local),
+        mcs: ctx.mcs.clone(),
     };
     admin::spawn(&sup, listener, admin_state);
 

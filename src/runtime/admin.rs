@@ -20,6 +20,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub remotes: Arc<Remotes>,
     pub local: Arc<LocalState>,
+    /// the Multi-Cluster Services API's local caches (`--mcs`)
+    pub mcs: Option<Arc<crate::state::McsLocal>>,
 }
 
 async fn healthz() -> &'static str {
@@ -48,6 +50,15 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         "local followers: {}",
         if ok { "synced" } else { "not synced" }
     ));
+    if let Some(mcs) = &s.mcs {
+        match mcs.problem() {
+            None => lines.push("local MCS: synced".into()),
+            Some(why) => {
+                ready = false;
+                lines.push(format!("local MCS: not ready: {why}"));
+            }
+        }
+    }
     let code = if ready {
         StatusCode::OK
     } else {

@@ -221,6 +221,29 @@ impl McsLocal {
         }
     }
 
+    /// None when healthy; otherwise why not, for /readyz.
+    pub fn problem(&self) -> Option<String> {
+        let status = |what: &str, ready: bool, error: Option<&str>| match (ready, error) {
+            (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
+            (false, None) => Some(format!("first listing of {what} not complete")),
+            (true, None) => None,
+        };
+        let imports = {
+            let c = self.imports.read();
+            status("our ServiceImports", c.ready(), c.error())
+        };
+        imports
+            .or_else(|| {
+                let c = self.derived.read();
+                status("our derived Services", c.ready(), c.error())
+            })
+            .or_else(|| {
+                let c = self.slices.read();
+                status("our MCS EndpointSlices", c.ready(), c.error())
+            })
+            .or_else(|| self.source.problem())
+    }
+
     /// Our imports' caches have been listed, and the local cluster as a source is ready.
     pub fn ready(&self) -> bool {
         self.imports.read().ready()
