@@ -24,6 +24,12 @@
 # runs inside the bed's namespace (testbed/bed exec) with the bed's kubeconfig, in --out, where it
 # writes its reports. The bed's clusters with nodes already have the MCS CRDs and CoreDNS serving
 # clusterset.local (testbed/dns.sh). Exits with the suite's status (non-zero when a spec failed).
+#
+# Inside the bed's namespace (XCC_TESTBED_INSIDE set: a test run by `testbed/bed exec cargo test`,
+# tests/mcs_conformance.rs) nothing can be downloaded, so nothing is built: the cached binary and
+# the cached image archives are used (found by the same hashes; it fails with a hint when one is
+# missing: run `testbed/mcs-conformance.sh --build-only` and `testbed/mcs-images.sh` outside first,
+# as scripts/test does), the images are imported into the nodes, and the binary runs directly.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -50,7 +56,8 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$suite/conformance_suite.go" ] || die "no MCS conformance suite at $suite (--suite or XCC_MCS_SUITE)"
 suite=$(cd "$suite" && pwd)
-[ -z "${XCC_TESTBED_INSIDE:-}" ] || die "run it outside the bed (it enters the bed's namespace itself)"
+inside=false
+[ -z "${XCC_TESTBED_INSIDE:-}" ] || inside=true
 
 # what the report says of the implementation: the project's name, version and home (the chart's
 # source), and the organisation owning that repository
@@ -74,6 +81,9 @@ build_flags=(-trimpath)
 key=$( (cd "$suite" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; go version
   echo "${build_flags[*]}") | sha256sum | cut -c1-16)
 binary="$cache/mcs-conformance/$key/conformance.test"
+if [ ! -x "$binary" ] && $inside; then
+  die "the suite's test binary for this suite and Go version is not built ($binary is missing), and nothing can be built inside the bed's namespace: run testbed/mcs-conformance.sh --build-only outside the bed first (scripts/test does)"
+fi
 if [ ! -x "$binary" ]; then
   mkdir -p "$cache/mcs-conformance"
   work=$(mktemp -d "$cache/mcs-conformance/build.XXXXXX")
@@ -94,12 +104,18 @@ log "suite binary: $binary"
 if $build_only; then echo "$binary"; exit 0; fi
 
 # 2. the images the suite names, into every node of each cluster (built from Debian packages once)
-images=$(bash "$here/mcs-images.sh") || die "building the stand-in images failed"
+# (inside the bed only the cached archives: mcs-images.sh --cached names the missing one)
+if $inside; then
+  images=$(bash "$here/mcs-images.sh" --cached) ||
+    die "the stand-in images are not built: run testbed/mcs-images.sh outside the bed first (scripts/test does)"
+else
+  images=$(bash "$here/mcs-images.sh") || die "building the stand-in images failed"
+fi
 IFS=, read -r -a clusters <<<"$contexts"
 for c in "${clusters[@]}"; do
   while read -r ref archive; do
-    bash "$here/bed" import "$c" "$archive" >/dev/null 2>&1 ||
-      die "importing $ref into the nodes of '$c' failed (is it a cluster of the bed with nodes? testbed/bed node $c)"
+    err=$(bash "$here/bed" import "$c" "$archive" 2>&1 >/dev/null) ||
+      die "importing $ref into the nodes of '$c' failed (is it a cluster of the bed with nodes? testbed/bed node $c): $err"
   done <<<"$images"
   log "images imported into the nodes of '$c': $(cut -d' ' -f1 <<<"$images" | tr '\n' ' ')"
 done
@@ -115,8 +131,12 @@ log "running the suite on $contexts ($project $version); output in $out"
 # among the FLAGs, which come later, wins
 color=()
 [ -t 1 ] || color=(-ginkgo.no-color)
+# outside, through `bed exec` into the bed's namespace; inside, directly
+enter=(bash "$here/bed" exec)
+! $inside || enter=()
 set +e
-bash "$here/bed" exec bash -c 'cd "$1" && shift && exec "$@"' _ "$out" \
+# shellcheck disable=SC2016 # the inner script's $1 and $@ are its own
+"${enter[@]}" bash -c 'cd "$1" && shift && exec "$@"' _ "$out" \
   "$binary" -kubeconfig "$XCC_TESTBED_KUBECONFIG" -contexts "$contexts" \
   -organization "$organization" -project "$project" -version "$version" -url "$url" \
   "${color[@]}" "$@" 2>&1 | tee "$out/conformance.log"

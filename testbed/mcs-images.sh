@@ -24,13 +24,29 @@
 # versions (apt's candidates), so a second run with the same inputs returns at once. Needs apt's
 # package lists (apt-get update), apt-get download (Debian's archive), buildah; run it outside the
 # bed's network namespace. --check also runs the built tools once (scripts of the suite's own
-# commands, in a network namespace of loopback only): testbed/mcs-images-check.sh.
+# commands, in a network namespace of loopback only): testbed/mcs-images-check.sh. --cached
+# builds nothing and fails when an archive is not cached (inside the bed's namespace, where
+# nothing can be downloaded: the hash only reads apt's local package lists).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${XCC_CACHE:-$HOME/.cache/cross-cluster-controller}
 die() { echo "mcs-images: $*" >&2; exit 1; }
-command -v buildah >/dev/null || die "buildah is missing (bash scripts/install-prereqs)"
+check=false
+cached=false
+case ${1:-} in
+  --check) check=true ;;
+  --cached) cached=true ;;
+  "") ;;
+  *) die "unknown argument '$1' (--check, --cached)" ;;
+esac
+$cached || command -v buildah >/dev/null || die "buildah is missing (bash scripts/install-prereqs)"
 command -v apt-cache >/dev/null || die "apt-cache is missing (a Debian machine is assumed)"
+# a fresh machine may have no package lists yet: fetch them once (outside the bed only)
+if ! $cached && [ -z "$(apt-cache show --no-all-versions busybox 2>/dev/null | head -1)" ] &&
+  [ "$(id -u)" = 0 ]; then
+  echo "mcs-images: apt knows no busybox: apt-get update" >&2
+  apt-get update -qq || die "apt-get update failed"
+fi
 
 # name|reference|packages|entrypoint (JSON)|cmd (JSON). The references in full: the kubelet asks
 # containerd for docker.io/alpine/socat:1.7.4.4 when a pod names alpine/socat:1.7.4.4, and the
@@ -129,8 +145,6 @@ build() {
   "${b[@]}" push -q "$ref" "oci-archive:$archive:$ref" || return 1
 }
 
-check=false
-[ "${1:-}" = --check ] && check=true
 mkdir -p "$cache/images"
 self=$(sha256sum "$0" | cut -c1-64)
 for spec in "${images[@]}"; do
@@ -139,6 +153,9 @@ for spec in "${images[@]}"; do
   versions=$(closure $pkgs)
   key=$(printf '%s\n%s\n%s\n' "$self" "$spec" "$versions" | sha256sum | cut -c1-16)
   out="$cache/images/mcs-$name-$key.tar"
+  if [ ! -f "$out" ] && $cached; then
+    die "$ref is not built for these package versions ($out is missing): run testbed/mcs-images.sh outside the bed first (scripts/test does)"
+  fi
   if [ ! -f "$out" ] || $check; then
     echo "mcs-images: building $ref from $(wc -l <<<"$versions") Debian packages" >&2
     w=$(mktemp -d "$cache/images/mcs-build.XXXXXX")
