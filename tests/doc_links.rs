@@ -192,3 +192,63 @@ fn headings_of_every_level_are_anchors() {
     let want: BTreeSet<String> = ["a", "b-c", "d-ef", "g"].map(String::from).into();
     assert_eq!(anchors(text), want);
 }
+
+/// The README's MCS spec table, as the committed conformance reports give it: every spec of
+/// each group with its result on two and on three clusters.
+fn mcs_spec_table(two: &serde_yaml::Value, three: &serde_yaml::Value) -> String {
+    let result = |report: &serde_yaml::Value, group: &str, desc: &str| -> String {
+        let tests = report["groups"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["name"].as_str() == Some(group))
+            .flat_map(|g| g["tests"].as_sequence().cloned().unwrap_or_default());
+        for t in tests {
+            if t["desc"].as_str() == Some(desc) {
+                return match (t["passed"].as_bool(), t["skipped"].as_bool()) {
+                    (Some(true), _) => "passed".into(),
+                    (_, Some(true)) => "skipped".into(),
+                    _ => "FAILED".into(),
+                };
+            }
+        }
+        "not run".into()
+    };
+    let mut rows = vec![
+        "| group | spec | two clusters | three clusters |".to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
+    for g in two["groups"].as_sequence().into_iter().flatten() {
+        let group = g["name"].as_str().unwrap_or_default();
+        for t in g["tests"].as_sequence().into_iter().flatten() {
+            let desc = t["desc"].as_str().unwrap_or_default();
+            let words = desc.split_whitespace().collect::<Vec<_>>().join(" ");
+            rows.push(format!(
+                "| {group} | {words} | {} | {} |",
+                result(two, group, desc),
+                result(three, group, desc)
+            ));
+        }
+    }
+    rows.join("\n")
+}
+
+#[test]
+fn the_readmes_mcs_spec_table_is_the_committed_reports() {
+    let read = |phase: &str| -> serde_yaml::Value {
+        let path = root().join(format!("docs/mcs-conformance/{phase}/report.yaml"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_yaml::from_str(&text).expect("a report")
+    };
+    let (two, three) = (read("two"), read("three"));
+    for (phase, r) in [("two", &two), ("three", &three)] {
+        assert_eq!(r["total"].as_u64(), Some(27), "{phase}: the suite's 27 specs");
+    }
+    let table = mcs_spec_table(&two, &three);
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    assert!(
+        readme.contains(&table),
+        "README.md's MCS spec table differs from docs/mcs-conformance/*/report.yaml; it should read:\n{table}"
+    );
+}

@@ -215,42 +215,35 @@ where
 
 /// (uid, resourceVersion) of every ServiceImport, Service and EndpointSlice of `ns`.
 async fn versions(c: &Client, ns: &str) -> BTreeMap<String, (String, String)> {
-    let mut out = BTreeMap::new();
-    let lp = ListParams::default();
-    let id = |kind: &str, m: &kube::api::ObjectMeta| {
-        (
-            format!("{kind}/{}", m.name.clone().unwrap_or_default()),
-            (
-                m.uid.clone().unwrap_or_default(),
-                m.resource_version.clone().unwrap_or_default(),
-            ),
-        )
-    };
-    for o in Api::<ServiceImport>::namespaced(c.clone(), ns)
-        .list(&lp)
-        .await
-        .expect("list")
-        .items
-    {
-        out.extend([id("ServiceImport", &o.metadata)]);
-    }
-    for o in Api::<Service>::namespaced(c.clone(), ns)
-        .list(&lp)
-        .await
-        .expect("list")
-        .items
-    {
-        out.extend([id("Service", &o.metadata)]);
-    }
-    for o in Api::<EndpointSlice>::namespaced(c.clone(), ns)
-        .list(&lp)
-        .await
-        .expect("list")
-        .items
-    {
-        out.extend([id("EndpointSlice", &o.metadata)]);
-    }
+    let mut out = ids::<ServiceImport>(c, ns).await;
+    out.extend(ids::<Service>(c, ns).await);
+    out.extend(ids::<EndpointSlice>(c, ns).await);
     out
+}
+
+/// `<kind>/<name>` -> (uid, resourceVersion) of every object of one kind in `ns`.
+async fn ids<K>(c: &Client, ns: &str) -> BTreeMap<String, (String, String)>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let list = Api::<K>::namespaced(c.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list");
+    list.items
+        .iter()
+        .map(|o| {
+            let m = o.meta();
+            let id = (m.uid.clone(), m.resource_version.clone());
+            (
+                format!("{}/{}", K::kind(&()), o.name_any()),
+                (id.0.unwrap_or_default(), id.1.unwrap_or_default()),
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -602,21 +595,12 @@ struct PropertyGone(Client);
 
 impl Drop for PropertyGone {
     fn drop(&mut self) {
-        let c = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                rt.block_on(async {
-                    let api: Api<ClusterProperty> = Api::all(c);
-                    let _ = api
-                        .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
-                        .await;
-                });
-            }
-        })
-        .join();
+        let api: Api<ClusterProperty> = Api::all(self.0.clone());
+        support::block_on_thread(async move {
+            let _ = api
+                .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+                .await;
+        });
     }
 }
 

@@ -274,45 +274,25 @@ async fn converge(
             remove(ctx, mcs, key, snap, live_import.as_ref(), wrote).await?;
             return export_status(ctx, mcs, snap, local, &exports, None, wrote).await;
         };
-        // a. the ServiceImport
-        match mcs::import_change(live_import.as_ref(), &imp.service_import) {
-            Change::NotOurs => {
-                let on = live_import.as_ref().map(|i| i.object_ref(&()));
-                return Err(Stop::Outcome(conflict(ctx, key, "ServiceImport", on).await));
-            }
-            Change::Create(obj) => {
-                live_import = Some(create(ctx, key, &mcs.imports, &obj, wrote).await?);
-                continue;
-            }
-            Change::Update(obj) if !held => {
-                live_import = Some(replace(ctx, &mcs.imports, &obj, wrote).await?);
-            }
-            _ => {}
+        // a. the ServiceImport, b. its derived Service: a create (or recreate) answers with what
+        // the next round derives from (the import's uid, the Service's ClusterIPs)
+        if write_import(
+            ctx,
+            mcs,
+            key,
+            &mut live_import,
+            &imp.service_import,
+            held,
+            wrote,
+        )
+        .await?
+        {
+            continue;
         }
-        // b. the derived Service
-        if let (Some(desired), false) = (&imp.derived, held) {
-            match mcs::derived_change(live_derived.as_ref(), desired) {
-                Change::NotOurs => {
-                    let on = live_derived.as_ref().map(|s| s.object_ref(&()));
-                    return Err(Stop::Outcome(conflict(ctx, key, "Service", on).await));
-                }
-                Change::Create(obj) => {
-                    live_derived = Some(create(ctx, key, &mcs.derived, &obj, wrote).await?);
-                    continue;
-                }
-                Change::Recreate(obj) => {
-                    if let Some(old) = &live_derived {
-                        delete(ctx, &mcs.derived, old, "recreated", wrote).await?;
-                    }
-                    live_derived = Some(create(ctx, key, &mcs.derived, &obj, wrote).await?);
-                    continue;
-                }
-                Change::Update(obj) => {
-                    // an update keeps the ClusterIPs the import's spec.ips carry
-                    replace(ctx, &mcs.derived, &obj, wrote).await?;
-                }
-                Change::Unchanged => {}
-            }
+        if let (Some(desired), false) = (&imp.derived, held)
+            && write_derived(ctx, mcs, key, &mut live_derived, desired, wrote).await?
+        {
+            continue;
         }
         // c. the slices
         slices(ctx, mcs, key, snap, &imp.slices, wrote).await?;
@@ -329,6 +309,67 @@ async fn converge(
     Err(Stop::Err(Error::Retry(format!(
         "{key}: the import kept changing in one pass"
     ))))
+}
+
+/// Brings the ServiceImport to `desired` (not its status); true when it was created.
+async fn write_import(
+    ctx: &Ctx,
+    mcs: &McsLocal,
+    key: &Key,
+    live: &mut Option<ServiceImport>,
+    desired: &ServiceImport,
+    held: bool,
+    wrote: &mut Wrote,
+) -> std::result::Result<bool, Stop> {
+    match mcs::import_change(live.as_ref(), desired) {
+        Change::NotOurs => {
+            let on = live.as_ref().map(|i| i.object_ref(&()));
+            Err(Stop::Outcome(conflict(ctx, key, "ServiceImport", on).await))
+        }
+        Change::Create(obj) => {
+            *live = Some(create(ctx, key, &mcs.imports, &obj, wrote).await?);
+            Ok(true)
+        }
+        Change::Update(obj) if !held => {
+            *live = Some(replace(ctx, &mcs.imports, &obj, wrote).await?);
+            Ok(false)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Brings the derived Service to `desired`; true when it was created or recreated.
+async fn write_derived(
+    ctx: &Ctx,
+    mcs: &McsLocal,
+    key: &Key,
+    live: &mut Option<Service>,
+    desired: &Service,
+    wrote: &mut Wrote,
+) -> std::result::Result<bool, Stop> {
+    match mcs::derived_change(live.as_ref(), desired) {
+        Change::NotOurs => {
+            let on = live.as_ref().map(|s| s.object_ref(&()));
+            Err(Stop::Outcome(conflict(ctx, key, "Service", on).await))
+        }
+        Change::Create(obj) => {
+            *live = Some(create(ctx, key, &mcs.derived, &obj, wrote).await?);
+            Ok(true)
+        }
+        Change::Recreate(obj) => {
+            if let Some(old) = live.as_ref() {
+                delete(ctx, &mcs.derived, old, "recreated", wrote).await?;
+            }
+            *live = Some(create(ctx, key, &mcs.derived, &obj, wrote).await?);
+            Ok(true)
+        }
+        Change::Update(obj) => {
+            // an update keeps the ClusterIPs the import's spec.ips carry
+            replace(ctx, &mcs.derived, &obj, wrote).await?;
+            Ok(false)
+        }
+        Change::Unchanged => Ok(false),
+    }
 }
 
 /// Our slices of the key: the desired ones written, those it no longer has deleted on proof
@@ -464,7 +505,7 @@ async fn conflict(
     on: Option<k8s_openapi::api::core::v1::ObjectReference>,
 ) -> Outcome {
     let on = on.unwrap_or_default();
-    ctx.conflict(key, "", kind, on).await
+    ctx.mcs_conflict(key, kind, on).await
 }
 
 /// What a create, replace or delete returned goes into the cache at once (write-through), so
@@ -534,7 +575,7 @@ async fn conflict_or_retry<K: Owned>(
         ))));
     }
     let on = live.object_ref(&());
-    Err(Stop::Outcome(ctx.conflict(key, "", K::KIND, on).await))
+    Err(Stop::Outcome(ctx.mcs_conflict(key, K::KIND, on).await))
 }
 
 /// A kind an import writes, and whether a live object of it is ours.

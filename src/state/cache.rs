@@ -316,6 +316,16 @@ impl<K: Resource> Cache<K> {
         self.error.as_deref()
     }
 
+    /// None when its watch is listed and not failing; otherwise why not (for /readyz), the
+    /// objects it holds called `what`.
+    pub fn problem(&self, what: &str) -> Option<String> {
+        match (self.ready, self.error()) {
+            (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
+            (false, None) => Some(format!("first listing of {what} not complete")),
+            (true, None) => None,
+        }
+    }
+
     /// When the last complete listing was applied.
     pub fn last_list(&self) -> Option<Instant> {
         self.last_list

@@ -184,12 +184,7 @@ impl McsCluster {
                     .into(),
             );
         }
-        let exports = self.exports.read();
-        match (exports.ready(), exports.error()) {
-            (_, Some(e)) => Some(format!("watch of ServiceExports failing: {e}")),
-            (false, None) => Some("first listing of ServiceExports not complete".into()),
-            (true, None) => None,
-        }
+        self.exports.read().problem("ServiceExports")
     }
 }
 
@@ -223,24 +218,10 @@ impl McsLocal {
 
     /// None when healthy; otherwise why not, for /readyz.
     pub fn problem(&self) -> Option<String> {
-        let status = |what: &str, ready: bool, error: Option<&str>| match (ready, error) {
-            (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
-            (false, None) => Some(format!("first listing of {what} not complete")),
-            (true, None) => None,
-        };
-        let imports = {
-            let c = self.imports.read();
-            status("our ServiceImports", c.ready(), c.error())
-        };
+        let imports = self.imports.read().problem("our ServiceImports");
         imports
-            .or_else(|| {
-                let c = self.derived.read();
-                status("our derived Services", c.ready(), c.error())
-            })
-            .or_else(|| {
-                let c = self.slices.read();
-                status("our MCS EndpointSlices", c.ready(), c.error())
-            })
+            .or_else(|| self.derived.read().problem("our derived Services"))
+            .or_else(|| self.slices.read().problem("our MCS EndpointSlices"))
             .or_else(|| self.source.problem())
     }
 

@@ -87,23 +87,13 @@ impl RemoteState {
     pub fn problem(&self) -> Option<String> {
         // one guard at a time: a second read of a lock this thread already holds can deadlock
         // behind a waiting writer
-        let status = |what: &str, ready: bool, error: Option<&str>| match (ready, error) {
-            (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
-            (false, None) => Some(format!("first listing of {what} not complete")),
-            (true, None) => None,
-        };
-        let services = {
-            let c = self.services.read();
-            status("Services", c.ready(), c.error())
-        };
+        let services = self.services.read().problem("Services");
         services
+            .or_else(|| self.slices.read().problem("EndpointSlices"))
             .or_else(|| {
-                let c = self.slices.read();
-                status("EndpointSlices", c.ready(), c.error())
-            })
-            .or_else(|| {
-                let c = self.foreign_slices.read();
-                status("EndpointSlices of other managers", c.ready(), c.error())
+                self.foreign_slices
+                    .read()
+                    .problem("EndpointSlices of other managers")
             })
             .or_else(|| self.mcs.as_ref().and_then(|m| m.problem()))
     }

@@ -37,6 +37,31 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// dead connection: it is dropped and resumed (a new connection), as kube-runtime does.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
 
+/// What a watch can hold: an object kube reads and a cache stores.
+pub trait Watched:
+    Resource<DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + Serialize
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// What to watch (bookmarks are asked for: kube's WatchParams default).
 pub struct Spec<K> {
     pub api: Api<K>,
@@ -78,14 +103,7 @@ pub type Listed = Box<dyn Fn() + Send + Sync>;
 
 impl<K, T, F> Follow<K, T, F>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     T: Send + Sync,
     F: Fn(Vec<GroupKey>) + Send,
 {
@@ -283,14 +301,7 @@ pub fn spawn<K, T>(
     into: Target<T, K>,
     on_change: impl Fn(Vec<GroupKey>) + Send + Sync + 'static,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     T: Send + Sync + 'static,
 {
     spawn_listed(sup, metrics, stop, spec, into, on_change, None);
@@ -306,14 +317,7 @@ pub fn spawn_listed<K, T>(
     on_change: impl Fn(Vec<GroupKey>) + Send + Sync + 'static,
     on_listed: Option<Listed>,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     T: Send + Sync + 'static,
 {
     let what = spec.what.clone();

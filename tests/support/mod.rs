@@ -200,22 +200,31 @@ impl Drop for TestNs {
         }
         let name = self.name.clone();
         let contexts = self.contexts.clone();
-        // Drop cannot await; delete from a separate thread with its own runtime.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                rt.block_on(async {
-                    for ctx in contexts {
-                        let api: Api<Namespace> = Api::all(client(&ctx).await);
-                        let _ = api.delete(&name, &DeleteParams::background()).await;
-                    }
-                });
+        // Drop cannot await: delete from a separate thread with its own runtime
+        block_on_thread(async move {
+            for ctx in contexts {
+                let api: Api<Namespace> = Api::all(client(&ctx).await);
+                let _ = api.delete(&name, &DeleteParams::background()).await;
             }
-        })
-        .join();
+        });
     }
+}
+
+/// Runs `f` to its end on a thread of its own with its own runtime (for a Drop, which cannot
+/// await, even inside a runtime).
+pub fn block_on_thread<F>(f: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            rt.block_on(f);
+        }
+    })
+    .join();
 }
 
 fn rand_u32() -> u32 {
