@@ -9,7 +9,9 @@
 //! watcher on the local cluster. Results go to bench/results.{md,json} and bench/*.svg.
 //!
 //! `XCC_BENCH_MULTI=1` runs the scenarios with several remote clusters instead ([`multi`]);
-//! their results go to a section of their own in the same files.
+//! `XCC_BENCH_MCS=1` the Multi-Cluster Services path ([`mcs`]); each mode's results go to a
+//! section of their own in the same files.
+mod mcs;
 mod multi;
 
 use std::collections::{BTreeMap, HashMap};
@@ -189,6 +191,13 @@ async fn write_set(c: &Client, ns: &str, set: &Set<'_>) -> Res<f64> {
 /// apiserver_request_total of mutating verbs (POST, PUT, PATCH, DELETE) on Services and
 /// EndpointSlices, summed.
 async fn api_writes(c: &Client) -> Res<f64> {
+    // what the daemon writes in slices mode. Not Endpoints: the bed's kube-controller-manager
+    // keeps issuing DELETEs (404) for the Endpoints of Services deleted with earlier namespaces
+    api_writes_of(c, &["services", "endpointslices"]).await
+}
+
+/// apiserver_request_total of mutating verbs on these resources (subresources included), summed.
+async fn api_writes_of(c: &Client, resources: &[&str]) -> Res<f64> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = c.request_text(req).await?;
     if !text.contains("\napiserver_request_total{") {
@@ -207,10 +216,10 @@ async fn api_writes(c: &Client) -> Res<f64> {
             .iter()
             .any(|v| l.contains(v))
         })
-        // what the daemon writes in slices mode. Not Endpoints: the bed's kube-controller-manager
-        // keeps issuing DELETEs (404) for the Endpoints of Services deleted with earlier namespaces
         .filter(|l| {
-            l.contains("resource=\"services\"") || l.contains("resource=\"endpointslices\"")
+            resources
+                .iter()
+                .any(|r| l.contains(&format!("resource=\"{r}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
@@ -541,7 +550,8 @@ async fn lag(
     );
     both_reach(&mut svcs, &mut slices, n, Duration::from_secs(600)).await?;
     let remote = [(Api::namespaced(east.clone(), &ns), 0)];
-    let lag = churn(west, &ns, &remote, n, rate, secs).await?;
+    let sel = format!("{KEY}=follower");
+    let lag = churn(west, &ns, &sel, &remote, n, rate, secs).await?;
     drop(proc);
     Ok(lag)
 }
@@ -549,16 +559,18 @@ async fn lag(
 /// The changes of a lag scenario: `rate` per second for `secs`, change i to the slice of
 /// Service `svc-<i mod n>` on remote `i mod R` (its two base addresses from the remote's seed
 /// base, plus one new address), timed from just before its update is sent to the new address's
-/// arrival in a local follower slice, seen by a separate watcher.
+/// arrival in a local slice matching `sel` (the followers', or the MCS slices of a source
+/// cluster), seen by a separate watcher.
 async fn churn(
     west: &Client,
     ns: &str,
+    sel: &str,
     remotes: &[(Api<EndpointSlice>, usize)],
     n: usize,
     rate: u32,
     secs: u64,
 ) -> Res<Lag> {
-    let sel = format!("{KEY}=follower");
+    let sel = sel.to_string();
     // new address -> (sent at, change number)
     let sent: Arc<Mutex<HashMap<String, (Instant, usize)>>> = Arc::default();
     // (lag in ms, change number)
@@ -687,16 +699,59 @@ fn section_at(md: &str, heading: &str) -> Option<usize> {
     }
 }
 
-/// results.md split before its several-remotes or data-path section (the first of them).
+/// The sections of results.md after the single-remote one, in their order (the data path always
+/// last); each mode replaces its own and keeps the others.
+const SECTIONS: [&str; 3] = [multi::SECTION, mcs::SECTION, DATAPATH];
+
+/// results.md with the section `heading` (one of [`SECTIONS`]) replaced by `section`, or added
+/// in its place in the order of [`SECTIONS`]; the rest is kept as it was.
+fn with_section(md: &str, heading: &str, section: &str) -> String {
+    let (head, _) = split_section(md);
+    let mut out = head.trim_end().to_string();
+    for h in SECTIONS {
+        let text = if h == heading {
+            section.to_string()
+        } else if let Some(i) = section_at(md, h) {
+            // up to the next section of ours, whichever follows
+            let rest = &md[i + h.len()..];
+            let end = SECTIONS
+                .iter()
+                .filter_map(|o| rest.find(&format!("\n{o}\n")))
+                .min()
+                .map_or(md.len(), |e| i + h.len() + e + 1);
+            md[i..end].to_string()
+        } else {
+            continue;
+        };
+        out += &format!("\n\n{}", text.trim_end());
+    }
+    out.trim_start().to_string() + "\n"
+}
+
+/// results.md split before its several-remotes, MCS or data-path section (the first of them).
 fn split_section(md: &str) -> (&str, Option<&str>) {
-    match [multi::SECTION, DATAPATH]
-        .iter()
-        .filter_map(|h| section_at(md, h))
-        .min()
-    {
+    match SECTIONS.iter().filter_map(|h| section_at(md, h)).min() {
         Some(i) => (&md[..i], Some(&md[i..])),
         None => (md, None),
     }
+}
+
+/// Replaces one mode's section of results.md and its key of results.json; the rest of both
+/// files stays.
+fn write_section(out: &Path, heading: &str, section: &str, key: &str, value: Value) -> Res<()> {
+    std::fs::create_dir_all(out)?;
+    let md = read_or_empty(&out.join("results.md"))?;
+    std::fs::write(out.join("results.md"), with_section(&md, heading, section))?;
+    let mut json: Value = match read_or_empty(&out.join("results.json"))?.as_str() {
+        "" => json!({}),
+        text => serde_json::from_str(text)?,
+    };
+    json[key] = value;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    Ok(())
 }
 
 fn svg_convergence(rows: &[Row]) -> String {
@@ -826,27 +881,29 @@ async fn main() -> Res<()> {
         };
         let res = multi::run(&bin, &kc, &sizes, n, &tag).await?;
         let section = multi::markdown(&res, &sizes, n);
-        std::fs::create_dir_all(&out)?;
-        let md = read_or_empty(&out.join("results.md"))?;
-        let (before, _) = split_section(&md);
-        // the data-path section of an earlier XCC_BENCH_DATAPATH=1 run stays, last
-        let datapath = section_at(&md, DATAPATH)
-            .map(|i| format!("\n{}", &md[i..]))
-            .unwrap_or_default();
-        let md = format!(
-            "{}\n\n{}\n{datapath}",
-            before.trim_end(),
-            section.trim_end()
-        );
-        std::fs::write(out.join("results.md"), md.trim_start())?;
-        let mut json: Value = match read_or_empty(&out.join("results.json"))?.as_str() {
-            "" => json!({}),
-            text => serde_json::from_str(text)?,
+        write_section(
+            &out,
+            multi::SECTION,
+            &section,
+            "multi",
+            serde_json::to_value(&res)?,
+        )?;
+        print!("{section}");
+        return Ok(());
+    }
+    if std::env::var("XCC_BENCH_MCS").as_deref() == Ok("1") {
+        let sizes: Vec<usize> = match args.get(4) {
+            Some(s) => s.split(',').filter_map(|v| v.parse().ok()).collect(),
+            None => vec![1000, 2000],
         };
-        json["multi"] = serde_json::to_value(&res)?;
-        std::fs::write(
-            out.join("results.json"),
-            serde_json::to_string_pretty(&json)?,
+        let res = mcs::run(&bin, &kc, &sizes, &tag).await?;
+        let section = mcs::markdown(&res, &sizes);
+        write_section(
+            &out,
+            mcs::SECTION,
+            &section,
+            "mcs",
+            serde_json::to_value(&res)?,
         )?;
         print!("{section}");
         return Ok(());
@@ -946,7 +1003,7 @@ async fn main() -> Res<()> {
     if let Ok(text) = std::fs::read_to_string(out.join("results.json"))
         && let Ok(old) = serde_json::from_str::<Value>(&text)
     {
-        for key in ["multi", "datapath"] {
+        for key in ["multi", "mcs", "datapath"] {
             if let Some(m) = old.get(key) {
                 json[key] = m.clone();
             }

@@ -33,7 +33,7 @@ use super::*;
 const REMOTES: [&str; 5] = ["east", "north", "south", "central", "edge"];
 
 /// Clients of a fresh bed of west and the first `r` remotes: (west, [(name, client)]).
-async fn bed_with(kc: &Path, r: usize) -> Res<(Client, Vec<(String, Client)>)> {
+pub(crate) async fn bed_with(kc: &Path, r: usize) -> Res<(Client, Vec<(String, Client)>)> {
     let mut clusters = vec!["west"];
     clusters.extend(&REMOTES[..r]);
     fresh_bed_of(&clusters).await?;
@@ -58,7 +58,7 @@ fn remote_secret(kc: &Path, remote: &str) -> Res<Secret> {
     }))?)
 }
 
-async fn apply_secret(west: &Client, ns: &str, kc: &Path, remote: &str) -> Res<()> {
+pub(crate) async fn apply_secret(west: &Client, ns: &str, kc: &Path, remote: &str) -> Res<()> {
     Api::<Secret>::namespaced(west.clone(), ns)
         .create(&PostParams::default(), &remote_secret(kc, remote)?)
         .await?;
@@ -76,7 +76,7 @@ fn start_secrets_daemon(bin: &Path, kc: &Path, ns: &str, grace_s: u64) -> Res<Pr
 }
 
 /// Creates `ns` in west and in every remote.
-async fn namespaces(west: &Client, remotes: &[(String, Client)], ns: &str) -> Res<()> {
+pub(crate) async fn namespaces(west: &Client, remotes: &[(String, Client)], ns: &str) -> Res<()> {
     create_ns(west, ns).await?;
     for (_, c) in remotes {
         create_ns(c, ns).await?;
@@ -177,7 +177,7 @@ async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize>
 
 /// The machine's 1-minute load average (the benchmark shares 2 cores with whatever else runs:
 /// reported beside the timings it shapes).
-fn load_1m() -> f64 {
+pub(crate) fn load_1m() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
@@ -664,7 +664,7 @@ pub async fn lag_multi(
         .collect();
     let before = api_writes(&west).await?;
     let load_before = load_1m();
-    let lag = churn(&west, &ns, &targets, n, rate, secs).await?;
+    let lag = churn(&west, &ns, &sel, &targets, n, rate, secs).await?;
     let load_after = load_1m();
     let writes = api_writes(&west).await? - before;
     drop(proc);
