@@ -237,13 +237,17 @@ fn mcs_spec_table(two: &serde_yaml::Value, three: &serde_yaml::Value) -> String 
 fn the_readmes_mcs_spec_table_is_the_committed_reports() {
     let read = |phase: &str| -> serde_yaml::Value {
         let path = root().join(format!("docs/mcs-conformance/{phase}/report.yaml"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         serde_yaml::from_str(&text).expect("a report")
     };
     let (two, three) = (read("two"), read("three"));
     for (phase, r) in [("two", &two), ("three", &three)] {
-        assert_eq!(r["total"].as_u64(), Some(27), "{phase}: the suite's 27 specs");
+        assert_eq!(
+            r["total"].as_u64(),
+            Some(27),
+            "{phase}: the suite's 27 specs"
+        );
     }
     let table = mcs_spec_table(&two, &three);
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
