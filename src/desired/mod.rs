@@ -1,5 +1,6 @@
-//! Pure translation of remote exported Service objects into the desired local follower objects, and the
-//! "does the live local object need a write?" comparisons.
+//! Pure translation of remote exported Service objects into the desired local follower objects
+//! (and, in [`mcs`], of every cluster's ServiceExports into the local ServiceImport, derived
+//! Service and MCS slices), and the "does the live local object need a write?" comparisons.
 //!
 //! Nothing in this module performs I/O: it only maps Kubernetes objects to Kubernetes objects.
 //!
