@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cross_cluster_controller::cli::remote_access::reader_rules;
+use cross_cluster_controller::desired::mcs::ServiceExport;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -469,6 +470,111 @@ async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_id
         "and nothing is lost either"
     );
 
+    drop(daemons);
+    for ctx in [REMOTE, LOCAL] {
+        run(helm(&kc).args([
+            "uninstall",
+            &release,
+            "--kube-context",
+            ctx,
+            "--namespace",
+            &ns.name,
+        ]));
+    }
+}
+
+#[tokio::test]
+async fn with_mcs_the_charts_identities_import_both_ways() {
+    let bed = bed().await;
+    let kc = bed.kubeconfig.clone();
+    support::mcs::crds().await;
+    let ns = namespace("chart-mcs").await;
+    let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
+    let reader = format!("reader-{}", &ns.name[ns.name.len() - 8..]);
+    for ctx in [REMOTE, LOCAL] {
+        run(helm(&kc).args([
+            "install",
+            &release,
+            CHART,
+            "--kube-context",
+            ctx,
+            "--namespace",
+            &ns.name,
+            "--set",
+            "remoteKubeconfig.existingSecret=remote-kubeconfig",
+            "--set",
+            &format!("remoteReader.serviceAccountName={reader}"),
+            "--set",
+            "mcs.enabled=true",
+            "--set",
+            "mcs.crds=false",
+            "--set",
+            &format!("mcs.clusterName={ctx}"),
+        ]));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // each daemon: its own cluster through the chart's writer, the other through a
+    // `remote-access --mcs` reader: only the rights the chart and remote-access grant
+    let mut daemons = Vec::new();
+    for (local, remote) in [(LOCAL, REMOTE), (REMOTE, LOCAL)] {
+        let local_kc = token_kubeconfig(local, &ns.name, &release, dir.path()).await;
+        let remote_kc = dir.path().join(format!("{remote}-reader.kubeconfig"));
+        let text = run(Command::new(BIN)
+            .args([
+                "remote-access",
+                "--context",
+                remote,
+                "--namespace",
+                &ns.name,
+            ])
+            .args(["--service-account", &reader, "--duration", "1h", "--mcs"])
+            .arg("--kubeconfig")
+            .arg(&kc));
+        std::fs::write(&remote_kc, text).unwrap();
+        let args = with_args(
+            release_args(&ns.name, &release, remote),
+            &[
+                "--kubeconfig",
+                &remote_kc.to_string_lossy(),
+                "--mcs",
+                "--local-cluster-name",
+                local,
+            ],
+        );
+        let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
+        daemons.push(d);
+    }
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    support::mcs::service(&east, &ns.name, "from-east", 80, &["10.201.1.5"]).await;
+    support::mcs::export(&east, &ns.name, "from-east").await;
+    support::mcs::service(&west, &ns.name, "from-west", 80, &["10.202.1.5"]).await;
+    support::mcs::export(&west, &ns.name, "from-west").await;
+    // each import in both clusters, the exporter's included, with ClusterIPs and its cluster
+    for c in [&east, &west] {
+        support::mcs::import_listing(c, &ns.name, "from-east", &[REMOTE]).await;
+        support::mcs::import_listing(c, &ns.name, "from-west", &[LOCAL]).await;
+    }
+    // and each exporter's daemon wrote its ServiceExport's status
+    for (c, name) in [(&east, "from-east"), (&west, "from-west")] {
+        let exports: Api<ServiceExport> = Api::namespaced(c.clone(), &ns.name);
+        eventually("the export Ready", WAIT, || async {
+            let se = exports.get(name).await.map_err(|e| e.to_string())?;
+            let ready = se
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                Ok(())
+            } else {
+                Err(format!("{:?}", se.status))
+            }
+        })
+        .await;
+    }
+    for d in &daemons {
+        assert!(!d.logs().contains("forbidden"), "{}", d.logs());
+    }
     drop(daemons);
     for ctx in [REMOTE, LOCAL] {
         run(helm(&kc).args([

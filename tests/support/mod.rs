@@ -5,6 +5,7 @@
 pub mod catcher;
 pub mod daemon;
 pub mod fault;
+pub mod mcs;
 pub mod metrics;
 pub mod node;
 pub mod objects;
