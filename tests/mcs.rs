@@ -461,12 +461,13 @@ async fn the_label_mode_and_mcs_work_side_by_side_on_one_service() {
 }
 
 /// Deletes east's ClusterProperty when dropped (a failed test too): it names the whole cluster.
-struct PropertyGone(Client);
+struct PropertyGone;
 
 impl Drop for PropertyGone {
     fn drop(&mut self) {
-        let api: Api<ClusterProperty> = Api::all(self.0.clone());
-        support::block_on_thread(async move {
+        // a client of its own: one made on the test's runtime cannot be driven from another
+        support::block_on_thread(async {
+            let api: Api<ClusterProperty> = Api::all(client(REMOTE).await);
             let _ = api
                 .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
                 .await;
@@ -487,7 +488,7 @@ async fn a_cluster_property_names_the_cluster_in_imports_and_slices() {
 
     // east names itself: the import and the slices follow, the old-named slice goes
     let properties: Api<ClusterProperty> = Api::all(east.clone());
-    let _cleanup = PropertyGone(east.clone());
+    let _cleanup = PropertyGone;
     let _ = properties
         .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
         .await;
