@@ -513,3 +513,41 @@ async fn a_cluster_property_names_the_cluster_in_imports_and_slices() {
     slices_are(&west, &ns.name, "web", &[(REMOTE, &["10.201.1.5"])]).await;
     assert!(d.exited().is_none(), "{}", d.logs());
 }
+
+#[tokio::test]
+async fn a_remote_removed_on_purpose_takes_its_part_of_the_imports_with_it() {
+    use k8s_openapi::api::core::v1::Secret;
+    use support::remotes::{apply_secret, kubeconfig_of, remote_secret, secrets_only_args};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-retired").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    export(&east, &ns.name, "web").await;
+    service(&west, &ns.name, "web", 80, &["10.202.1.5"]).await;
+    export(&west, &ns.name, "web").await;
+    let args = with_args(
+        secrets_only_args(&ns.name),
+        &["--mcs", "--local-cluster-name", LOCAL],
+    );
+    let d = Daemon::start_secrets_only(&args).await;
+    let secrets: Api<Secret> = Api::namespaced(west.clone(), &ns.name);
+    let kc = kubeconfig_of(REMOTE, |_| {}).await;
+    apply_secret(&secrets, &remote_secret(REMOTE, None, Some(&kc))).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE, LOCAL]).await;
+    slices_are(
+        &west,
+        &ns.name,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (LOCAL, &["10.202.1.5"])],
+    )
+    .await;
+    // east's Secret goes (east still exports): after the grace, east's part goes, west's stays
+    secrets
+        .delete(REMOTE, &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    slices_are(&west, &ns.name, "web", &[(LOCAL, &["10.202.1.5"])]).await;
+    import_listing(&west, &ns.name, "web", &[LOCAL]).await;
+    assert!(d.exited().is_none(), "{}", d.logs());
+}

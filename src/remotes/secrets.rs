@@ -425,6 +425,8 @@ impl Source {
             keys.len()
         );
         self.ctl.enqueue(keys);
+        // and every MCS import: what it had from this remote goes with its retired name
+        self.ctl.enqueue_imports();
         if self.ctl.leader.is_leader() {
             let ctx = Arc::clone(&self.ctl.ctx);
             tokio::spawn(async move {
