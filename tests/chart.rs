@@ -372,30 +372,43 @@ fn remote_access(kubeconfig: &Path, context: &str, ns: &str, sa: &str, out: &Pat
     std::fs::write(out, text).unwrap();
 }
 
-#[tokio::test]
-async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_identities() {
-    let bed = bed().await;
-    let kc = bed.kubeconfig.clone();
-    let ns = namespace("chart-install").await;
-    let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
-    let reader = format!("reader-{}", &ns.name[ns.name.len() - 8..]);
+/// The chart installed in both clusters into `ns` (a release and a remote reader named after
+/// it), with `sets(context)` as extra `--set`s; returns (release, reader).
+fn install_in_both(kc: &Path, ns: &str, sets: impl Fn(&str) -> Vec<String>) -> (String, String) {
+    let release = format!("cross-cluster-controller-{}", &ns[ns.len() - 8..]);
+    let reader = format!("reader-{}", &ns[ns.len() - 8..]);
     for ctx in [REMOTE, LOCAL] {
-        run(helm(&kc).args([
+        let mut cmd = helm(kc);
+        cmd.args([
             "install",
             &release,
             CHART,
             "--kube-context",
             ctx,
             "--namespace",
-            &ns.name,
-            "--set",
-            "remoteKubeconfig.existingSecret=remote-kubeconfig",
+            ns,
+        ])
+        .args(["--set", "remoteKubeconfig.existingSecret=remote-kubeconfig"])
+        .args([
             "--set",
             &format!("remoteReader.serviceAccountName={reader}"),
-            "--set",
-            "sweepSchedule=*/2 * * * * *",
-        ]));
+        ]);
+        for set in sets(ctx) {
+            cmd.args(["--set", &set]);
+        }
+        run(&mut cmd);
     }
+    (release, reader)
+}
+
+#[tokio::test]
+async fn installed_in_both_clusters_it_mirrors_both_ways_with_only_the_charts_identities() {
+    let bed = bed().await;
+    let kc = bed.kubeconfig.clone();
+    let ns = namespace("chart-install").await;
+    let (release, reader) = install_in_both(&kc, &ns.name, |_| {
+        vec!["sweepSchedule=*/2 * * * * *".into()]
+    });
     let dir = tempfile::tempdir().unwrap();
     // each daemon: its own cluster through the chart's writer ServiceAccount, the other cluster
     // through the other chart's read-only ServiceAccount (via the remote-access subcommand)
@@ -489,29 +502,13 @@ async fn with_mcs_the_charts_identities_import_both_ways() {
     let kc = bed.kubeconfig.clone();
     support::mcs::crds().await;
     let ns = namespace("chart-mcs").await;
-    let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
-    let reader = format!("reader-{}", &ns.name[ns.name.len() - 8..]);
-    for ctx in [REMOTE, LOCAL] {
-        run(helm(&kc).args([
-            "install",
-            &release,
-            CHART,
-            "--kube-context",
-            ctx,
-            "--namespace",
-            &ns.name,
-            "--set",
-            "remoteKubeconfig.existingSecret=remote-kubeconfig",
-            "--set",
-            &format!("remoteReader.serviceAccountName={reader}"),
-            "--set",
-            "mcs.enabled=true",
-            "--set",
-            "mcs.crds=false",
-            "--set",
-            &format!("mcs.clusterName={ctx}"),
-        ]));
-    }
+    let (release, reader) = install_in_both(&kc, &ns.name, |ctx| {
+        ["mcs.enabled=true", "mcs.crds=false"]
+            .map(String::from)
+            .into_iter()
+            .chain([format!("mcs.clusterName={ctx}")])
+            .collect()
+    });
     let dir = tempfile::tempdir().unwrap();
     // each daemon: its own cluster through the chart's writer, the other through a
     // `remote-access --mcs` reader: only the rights the chart and remote-access grant
