@@ -64,11 +64,15 @@ fn evidence(view: &McsView) -> Evidence {
         McsView::Exports {
             export, service, ..
         } => {
-            let deleting = export.metadata.deletion_timestamp.is_some();
-            let valid = service.as_deref().is_some_and(|s| {
-                s.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("ExternalName")
-            });
-            if valid && !deleting {
+            let judged = ClusterExport {
+                cluster: "",
+                export,
+                service: service.as_deref(),
+                slices: Vec::new(),
+            };
+            let valid = mcs::validity(&judged) == mcs::Validity::Valid;
+            // an export being deleted takes no part (as in the judgement)
+            if valid && export.metadata.deletion_timestamp.is_none() {
                 Evidence::Exports
             } else {
                 Evidence::Gone

@@ -54,17 +54,17 @@ impl Controller {
         }
     }
 
-    /// The local keys of these groups that are mirrored (namespaces in scope).
-    fn keys_of(&self, keys: Vec<GroupKey>) -> Vec<Key> {
+    /// The local keys of these groups that are mirrored (namespaces in scope), of one mode.
+    fn keys_of(&self, keys: Vec<GroupKey>, key: fn(GroupKey) -> Key) -> Vec<Key> {
         keys.into_iter()
             .filter(|k| self.ctx.in_scope(&k.0))
-            .map(Key::follower)
+            .map(key)
             .collect()
     }
 
     /// Queues the keys of these groups (a full pass, a local change: drift, manual deletion).
     pub fn enqueue(&self, keys: Vec<GroupKey>) {
-        for key in self.keys_of(keys) {
+        for key in self.keys_of(keys, Key::follower) {
             self.queue.add(key);
         }
     }
@@ -72,8 +72,8 @@ impl Controller {
     /// Queues the MCS keys of these groups (a local import, derived Service or MCS slice
     /// changed: drift, a manual deletion; a full pass).
     pub fn enqueue_mcs(&self, keys: Vec<GroupKey>) {
-        for key in self.keys_of(keys) {
-            self.queue.add(Key::mcs(key.group()));
+        for key in self.keys_of(keys, Key::mcs) {
+            self.queue.add(key);
         }
     }
 
@@ -108,11 +108,7 @@ impl Controller {
         if &**cluster != LOCAL && self.ctx.remotes.get(cluster).is_none() {
             return;
         }
-        let keys: Vec<Key> = self
-            .keys_of(keys)
-            .into_iter()
-            .map(|k| Key::mcs(k.group()))
-            .collect();
+        let keys = self.keys_of(keys, Key::mcs);
         self.remember(cluster, &keys);
         for key in keys {
             self.queue.add(key);
@@ -129,7 +125,7 @@ impl Controller {
             // what it recorded)
             return;
         }
-        let keys = self.keys_of(keys);
+        let keys = self.keys_of(keys, Key::follower);
         self.remember(remote, &keys);
         for key in keys {
             self.queue.add(key);

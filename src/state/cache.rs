@@ -331,6 +331,11 @@ impl<K: Resource> Cache<K> {
         self.last_list
     }
 
+    /// Whether a group is held (nothing decoded).
+    pub fn contains(&self, key: &GroupKey) -> bool {
+        self.store.groups.contains_key(key)
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &GroupKey> {
         self.store.groups.keys()
     }

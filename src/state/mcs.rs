@@ -155,7 +155,7 @@ impl McsCluster {
 
     /// Whether it exports this namespace/name (its export cache has it).
     pub fn exports_key(&self, g: &GroupKey) -> bool {
-        self.exports.read().keys().any(|k| k == g)
+        self.exports.read().contains(g)
     }
 
     /// The keys it exports in one namespace.

@@ -55,7 +55,8 @@ impl Validity {
     }
 }
 
-pub(crate) fn validity(e: &ClusterExport<'_>) -> Validity {
+/// Whether an export can take part in the import, and if not why (the `Valid` condition).
+pub fn validity(e: &ClusterExport<'_>) -> Validity {
     match e.service {
         None => Validity::NoService,
         Some(s) if spec_of(Some(s)).type_.as_deref() == Some(TYPE_EXTERNAL_NAME) => {

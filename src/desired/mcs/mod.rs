@@ -83,7 +83,7 @@ pub use export::{
     CONDITION_CONFLICT, CONDITION_READY, CONDITION_VALID, export_conditions, export_status_change,
 };
 pub use import::{Import, derived_name, import, import_owner};
-pub use judge::{ClusterExport, Conflict, ConflictReason, Validity};
+pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, validity};
 pub use types::*;
 
 pub use crate::desired::options::MCS_SERVICE_NAME_LABEL;
