@@ -69,6 +69,7 @@ pub async fn run(config: Config) -> Result<()> {
     join::static_remotes(&sup, &ctl, &clients, &config.remotes).await;
     crate::watch::local::followers(&sup, &ctl, local, timeout);
     crate::watch::local::namespaces(&sup, &ctl, local, timeout);
+    crate::watch::networks::start(&sup, &ctl, local, timeout);
     let workers: Vec<_> = (0..config.workers)
         .map(|i| sup.spawn(format!("worker {i}"), worker::run(Arc::clone(&ctl))))
         .collect();

@@ -152,6 +152,31 @@ pub struct Args {
     /// issue.
     #[arg(long, env = "REMOTE_TOKEN_RENEW_BEFORE", default_value = "20%", value_parser = crate::remotes::credentials::parse_renew_before)]
     pub remote_token_renew_before: crate::remotes::credentials::RenewBefore,
+
+    /// The networks the static remote's addresses must be in (CIDRs, comma-separated; empty: any
+    /// that is not local, unless --strict-addresses). A Secret remote's are in its annotation
+    /// `fair.com/cross-cluster-allowed-cidrs`.
+    #[arg(long, env = "REMOTE_ALLOWED_CIDRS", default_value = "", value_parser = parse_cidrs)]
+    pub remote_allowed_cidrs: CidrList,
+
+    /// Strict mode: a remote without allowed CIDRs contributes no addresses at all.
+    #[arg(long, env = "STRICT_ADDRESSES")]
+    pub strict_addresses: bool,
+
+    /// Networks of the local cluster that no remote address may be in, besides those the daemon
+    /// finds itself (its nodes' addresses and pod CIDRs, its ServiceCIDRs, its API server's
+    /// endpoints): the Service CIDR where the ServiceCIDR API is not served, the pods' networks
+    /// where the CNI gives nodes no pod CIDRs (CIDRs, comma-separated).
+    #[arg(long, env = "LOCAL_CIDRS", default_value = "", value_parser = parse_cidrs)]
+    pub local_cidrs: CidrList,
+}
+
+/// CIDRs given as one comma-separated flag value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CidrList(pub Vec<ipnet::IpNet>);
+
+fn parse_cidrs(text: &str) -> Result<CidrList, String> {
+    crate::desired::addresses::parse_cidrs(text).map(CidrList)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -276,6 +301,8 @@ impl Args {
                 stale_after: self.remote_stale_after_seconds.map(Duration::from_secs),
                 client: client.clone(),
                 mcs: self.mcs,
+                allowed_cidrs: self.remote_allowed_cidrs.0.clone(),
+                strict_addresses: self.strict_addresses,
             },
             client,
             secrets,
@@ -290,6 +317,7 @@ impl Args {
                 mcs: self.mcs.then(|| crate::reconcile::McsSettings {
                     local_name: self.local_cluster_name.clone(),
                 }),
+                local_cidrs: self.local_cidrs.0.clone(),
             },
             lease,
             sweep: crate::reconcile::sweep::Settings {

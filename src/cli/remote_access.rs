@@ -59,6 +59,22 @@ pub struct RemoteAccessArgs {
     /// cluster-wide; never their status. Services and EndpointSlices are read without it.
     #[arg(long)]
     pub mcs: bool,
+    /// With --output secret: the networks (CIDRs, comma-separated) this cluster's pod addresses
+    /// are in. The reading daemon then takes no address of this cluster outside them (the
+    /// Secret's annotation `fair.com/cross-cluster-allowed-cidrs`). Recommended: the pod CIDRs of
+    /// the cluster being read.
+    #[arg(long, value_parser = allowed_cidrs)]
+    pub allowed_cidrs: Option<String>,
+}
+
+/// The CIDRs of `--allowed-cidrs`, checked and written back in one canonical form.
+fn allowed_cidrs(text: &str) -> std::result::Result<String, String> {
+    let nets = crate::desired::addresses::parse_cidrs(text)?;
+    Ok(nets
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(","))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -216,8 +232,16 @@ pub fn render(
                 (String::new(), format!("    {REMOTE_NAME_KEY}: {n}\n"))
             };
             // the daemon renews this token before it expires (see crate::remotes::credentials)
+            let allowed = match args.allowed_cidrs.as_deref().filter(|c| !c.is_empty()) {
+                Some(cidrs) => format!(
+                    "    {}: {}\n",
+                    crate::remotes::remote_secret::ALLOWED_CIDRS_KEY,
+                    q(cidrs)
+                ),
+                None => String::new(),
+            };
             let annotations = format!(
-                "  annotations:\n{name_annotation}    {}: {}\n    {}: {}\n",
+                "  annotations:\n{name_annotation}    {}: {}\n    {}: {}\n{allowed}",
                 crate::remotes::credentials::RENEWAL_KEY,
                 q(&format!("{}/{}", args.namespace, args.service_account)),
                 crate::remotes::credentials::LIFETIME_KEY,

@@ -15,6 +15,7 @@
 //! * [`mcs`]: the Multi-Cluster Services API (ServiceExport status, ServiceImport, derived
 //!   Service and slices), beside the label mode.
 
+pub mod addresses;
 mod api;
 mod endpoints;
 pub(crate) mod follower;

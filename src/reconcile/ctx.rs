@@ -141,6 +141,9 @@ pub struct Settings {
     pub identity: String,
     /// None: the MCS API is not served
     pub mcs: Option<McsSettings>,
+    /// networks of the local cluster named by the operator (`--local-cidrs`), besides those
+    /// its watches find
+    pub local_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// Who records our Events.
@@ -177,7 +180,9 @@ impl Ctx {
             opts: settings.opts,
             namespaces: settings.namespaces,
             remotes: Arc::new(Remotes::default()),
-            local: Arc::new(LocalState::default()),
+            local: Arc::new(LocalState::new(crate::state::Networks::new(
+                settings.local_cidrs,
+            ))),
             writer,
             metrics: Arc::clone(metrics),
             create_namespaces: settings.create_namespaces,
@@ -333,6 +338,28 @@ impl Ctx {
     }
 
     /// A local object of the key's name that is not our follower: left untouched, reported.
+    /// Addresses a remote listed that its policy refused: counted by reason, and an Event on the
+    /// object they were kept out of (rate-limited like every Event).
+    pub(super) async fn refused(
+        &self,
+        key: &Key,
+        remote: &str,
+        refused: &crate::desired::addresses::Refused,
+        on: Option<ObjectReference>,
+    ) {
+        for (why, n) in &refused.counts {
+            self.metrics
+                .addresses_refused
+                .get_or_create(&ByRemoteReason::new(remote, why.reason()))
+                .inc_by(*n as u64);
+        }
+        let what = refused.describe();
+        warn!(key = %key, remote, "remote addresses refused: {what}");
+        let note = format!("{key} (from {remote}): {what}");
+        self.event(EventType::Warning, "AddressRefused", note, "Mirror", on)
+            .await;
+    }
+
     pub(super) async fn conflict(
         &self,
         key: &Key,

@@ -33,7 +33,7 @@ fn setup(
     loaded(&remote.services, exported);
     loaded(&remote.slices, remote_slices);
     loaded(&remote.foreign_slices, []);
-    let local = LocalState::default();
+    let local = LocalState::default().networks_listed();
     loaded(&local.services, local_services);
     loaded(&local.slices, local_slices);
     loaded(&local.endpoints, []);
@@ -335,7 +335,7 @@ fn setup_two(
         }
         Arc::new(r)
     };
-    let local = LocalState::default();
+    let local = LocalState::default().networks_listed();
     loaded(&local.services, local_services);
     loaded(&local.slices, local_slices);
     loaded(&local.endpoints, []);
@@ -659,7 +659,12 @@ async fn a_dry_run_finds_a_service_that_is_not_ours_as_a_real_create_would() {
 async fn an_event_refused_to_a_standby_is_still_sent_once_it_leads() {
     let (client, api) = fixtures::client("local");
     let (tx, leadership) = fixtures::leadership(false);
-    let ctx = fixtures::ctx(client, leadership, vec![], Arc::new(LocalState::default()));
+    let ctx = fixtures::ctx(
+        client,
+        leadership,
+        vec![],
+        Arc::new(LocalState::default().networks_listed()),
+    );
     let on = ObjectReference {
         kind: Some("Service".into()),
         namespace: Some("shop".into()),

@@ -24,6 +24,7 @@ use tracing::debug;
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
 use super::writer::{Local, Written};
+use crate::desired::addresses::{AddressPolicy, Refused};
 use crate::desired::mcs::{
     self, Change, ClusterExport, ServiceExport, ServiceImport, derived_name, import_is_ours,
     slice_source_cluster,
@@ -39,6 +40,10 @@ struct Source {
     view: McsView,
 }
 
+/// A cluster read as an MCS source, with the address policy its slices pass (None: the local
+/// cluster, whose own endpoints are its own).
+type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy)>);
+
 /// Everything one key needs, taken under short read locks.
 struct Snapshot {
     sources: Vec<Source>,
@@ -48,12 +53,17 @@ struct Snapshot {
     import: Option<Arc<ServiceImport>>,
     derived: Option<Arc<Service>>,
     slices: Vec<Arc<EndpointSlice>>,
+    /// what each remote's slices listed that its address policy refused
+    refused: Vec<(Arc<str>, Refused)>,
 }
 
 /// Every cluster read as an MCS source, the local one first.
-fn clusters(ctx: &Ctx, mcs: &McsLocal) -> Vec<Arc<McsCluster>> {
-    let mut all = vec![Arc::clone(&mcs.source)];
-    all.extend(ctx.remotes.states().iter().filter_map(|s| s.mcs.clone()));
+fn clusters(ctx: &Ctx, mcs: &McsLocal) -> Vec<Read> {
+    let mut all: Vec<Read> = vec![(Arc::clone(&mcs.source), None)];
+    all.extend(ctx.remotes.states().iter().filter_map(|s| {
+        let policy = (Arc::clone(&s.name), s.addresses.clone());
+        s.mcs.clone().map(|c| (c, Some(policy)))
+    }));
     all
 }
 
@@ -85,12 +95,21 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
     let mut sources = Vec::new();
     let mut read = Vec::new();
     let mut unnamed = 0;
-    for c in clusters(ctx, mcs) {
+    let mut refused = Vec::new();
+    let local = ctx.local.networks.current();
+    for (c, policy) in clusters(ctx, mcs) {
         let Some(name) = c.name() else {
             unnamed += 1;
             continue;
         };
-        let view = c.view(g)?;
+        let mut view = c.view(g)?;
+        if let (Some((remote, policy)), McsView::Exports { slices, .. }) = (policy, &mut view) {
+            let (kept, r) = super::pass::admitted(std::mem::take(slices), &policy, &local);
+            *slices = kept;
+            if !r.is_empty() {
+                refused.push((remote, r));
+            }
+        }
         read.push((name.clone(), evidence(&view)));
         if c.exports.read().ready() {
             // names it went by earlier: what carries them is surplus, proven by its listing
@@ -118,6 +137,7 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
         import: mcs.imports.read().named(g)?,
         derived,
         slices: mcs.slices.read().group(g)?,
+        refused,
     })
 }
 
@@ -210,10 +230,16 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     if !ctx.in_scope(&key.namespace) {
         return Ok(Outcome::Unchanged);
     }
-    let Some(local) = mcs.source.name().filter(|_| mcs.ready()) else {
+    // the local networks decide which remote addresses are admitted: nothing before they are known
+    let ready = mcs.ready() && ctx.local.networks.ready();
+    let Some(local) = mcs.source.name().filter(|_| ready) else {
         return Ok(Outcome::NotReady);
     };
     let snap = snapshot(ctx, &mcs, &key.group())?;
+    let on = snap.import.as_ref().map(|i| i.object_ref(&()));
+    for (remote, refused) in &snap.refused {
+        ctx.refused(key, remote, refused, on.clone()).await;
+    }
     let mut wrote = Wrote::default();
     let outcome = match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
         Ok(()) => wrote.outcome(),

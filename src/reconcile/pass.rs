@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
 use super::writer::Written;
+use crate::desired::addresses::{AddressPolicy, LocalNetworks, Refused, admit};
 use crate::desired::{
     self, Export, Follower, Merged, Recorded, ServiceChange, endpoints_change, recorded,
     service_change, set_slice_owner, slice_change, slice_recorded,
@@ -43,6 +44,8 @@ enum View {
 /// A snapshot of everything one key needs, taken under short read locks.
 struct Snapshot {
     remotes: Vec<(Arc<RemoteState>, View)>,
+    /// what each remote's slices listed that its address policy refused (kept out of `remotes`)
+    refused: Vec<(Arc<str>, Refused)>,
     service: Option<Arc<Service>>,
     slices: Vec<Arc<EndpointSlice>>,
     endpoints: Option<Arc<Endpoints>>,
@@ -53,16 +56,24 @@ impl Ctx {
     /// unreadable exported Service must never look like a missing one.
     fn snapshot(&self, g: &crate::state::cache::GroupKey) -> Result<Snapshot> {
         let mut remotes = Vec::new();
+        let mut refused = Vec::new();
+        let local = self.local.networks.current();
         for state in self.remotes.states() {
             let view = if !state.ready() {
                 View::Unknown
             } else {
                 match state.services.read().named(g)? {
-                    Some(exported) => View::Exports {
-                        exported,
-                        slices: state.slices_of(g)?,
-                        stale: state.is_marked(),
-                    },
+                    Some(exported) => {
+                        let (slices, r) = admitted(state.slices_of(g)?, &state.addresses, &local);
+                        if !r.is_empty() {
+                            refused.push((Arc::clone(&state.name), r));
+                        }
+                        View::Exports {
+                            exported,
+                            slices,
+                            stale: state.is_marked(),
+                        }
+                    }
                     None => View::Absent,
                 }
             };
@@ -70,6 +81,7 @@ impl Ctx {
         }
         Ok(Snapshot {
             remotes,
+            refused,
             service: self.local.services.read().named(g)?,
             slices: self.local.slices.read().group(g)?,
             endpoints: self.local.endpoints.read().named(g)?,
@@ -89,6 +101,28 @@ impl Ctx {
         });
         Proof::new(read, &self.remotes.retired())
     }
+}
+
+/// A remote's slices with only the addresses its policy admits (the same `Arc` when nothing was
+/// refused), and what was refused.
+pub(super) fn admitted(
+    slices: Vec<Arc<EndpointSlice>>,
+    policy: &AddressPolicy,
+    local: &LocalNetworks,
+) -> (Vec<Arc<EndpointSlice>>, Refused) {
+    let mut refused = Refused::default();
+    let slices = slices
+        .into_iter()
+        .map(|s| {
+            let (kept, r) = admit(&s, policy, local);
+            if r.is_empty() {
+                return s;
+            }
+            refused.extend(r);
+            Arc::new(kept.into_owned())
+        })
+        .collect();
+    (slices, refused)
 }
 
 fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
@@ -150,6 +184,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     };
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
     let on = snap.service.as_ref().map(|s| s.object_ref(&()));
+    for (remote, refused) in &snap.refused {
+        ctx.refused(key, remote, refused, on.clone()).await;
+    }
     for (cluster, skip) in std::mem::take(&mut merged.skipped) {
         ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
             .await;

@@ -704,7 +704,7 @@ mod decision_tests {
             local_client,
             leadership,
             vec![],
-            Arc::new(LocalState::default()),
+            Arc::new(LocalState::default().networks_listed()),
         );
         let mut remote_opts = opts();
         remote_opts.cluster_name = fixtures::REMOTE.to_string();

@@ -314,7 +314,7 @@ mod tests {
             client,
             leadership.clone(),
             vec![remote],
-            Arc::new(crate::state::LocalState::default()),
+            Arc::new(crate::state::LocalState::default().networks_listed()),
         );
         let ctl = Controller::new(Arc::new(ctx), WorkQueue::new(), leadership);
         (Arc::new(ctl), tx)

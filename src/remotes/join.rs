@@ -7,6 +7,7 @@ use tracing::warn;
 
 use super::Settings;
 use crate::client::{self, Clients, Remote};
+use crate::desired::addresses::AddressPolicy;
 use crate::reconcile::resync;
 use crate::reconcile::worker::Controller;
 use crate::runtime::supervisor::Supervisor;
@@ -15,22 +16,36 @@ use crate::state::{Member, Origin, RemoteState};
 /// How long start-up waits for the static remote's cluster id.
 const STATIC_ID_WAIT: Duration = Duration::from_secs(5);
 
+/// What is known of a remote when it joins, besides its client.
+pub struct Known {
+    /// the uid of its kube-system namespace
+    pub cluster_id: Option<String>,
+    /// its outage policy (see [`super::outage`])
+    pub stale_after: Option<Duration>,
+    /// the networks its addresses must be in (empty: any that is not local, unless strict)
+    pub allowed_cidrs: Vec<ipnet::IpNet>,
+}
+
 /// Makes a remote a member: its metric series, its caches in the set of remotes, its watches
 /// (which end when it leaves). A member of the same name is replaced (its watches cancelled).
-/// `known` is its cluster id and its outage policy (see [`super::outage`]).
 pub fn join(
     sup: &Supervisor,
     ctl: &Arc<Controller>,
     remote: &Remote,
-    known: (Option<String>, Option<Duration>),
+    known: Known,
     origin: Origin,
     settings: &Settings,
 ) -> Arc<Member> {
-    let (cluster_id, stale_after) = known;
+    let cluster_id = known.cluster_id;
     let opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
     ctl.ctx.metrics.init_remote(&remote.name);
+    let addresses = AddressPolicy {
+        allowed: known.allowed_cidrs,
+        strict: settings.strict_addresses,
+    };
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
-        .with_stale_after(stale_after)
+        .with_stale_after(known.stale_after)
+        .with_addresses(addresses)
         .with_mcs(settings.mcs);
     let member = ctl.ctx.remotes.insert(Member {
         state: Arc::new(state),
@@ -77,7 +92,11 @@ pub async fn static_remotes(
             .await
             .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
             .ok();
-        let known = (id, settings.stale_after);
+        let known = Known {
+            cluster_id: id,
+            stale_after: settings.stale_after,
+            allowed_cidrs: settings.allowed_cidrs.clone(),
+        };
         let member = join(sup, ctl, remote, known, Origin::Static, settings);
         if let Ok((cfg, _)) = client::remote_config(&settings.client).await {
             let _ = member

@@ -27,6 +27,10 @@ pub struct Settings {
     pub client: crate::client::Settings,
     /// read every remote as a Multi-Cluster Services source too (`--mcs`)
     pub mcs: bool,
+    /// the static remote's allowed CIDRs (a Secret remote's are on its Secret)
+    pub allowed_cidrs: Vec<ipnet::IpNet>,
+    /// a remote without allowed CIDRs contributes no addresses
+    pub strict_addresses: bool,
 }
 
 impl Settings {

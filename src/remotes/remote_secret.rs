@@ -13,6 +13,9 @@ pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
 pub const DATA_KEY: &str = "kubeconfig";
 /// The Secret annotation that turns on the outage policy for its remote (see `crate::remotes::outage`).
 pub const STALE_AFTER_KEY: &str = "fair.com/cross-cluster-stale-after";
+/// The Secret annotation listing the networks (CIDRs, comma-separated) its remote's addresses
+/// must be in (see `crate::desired::addresses`).
+pub const ALLOWED_CIDRS_KEY: &str = "fair.com/cross-cluster-allowed-cidrs";
 /// What a Secret says, read without I/O.
 #[derive(Debug)]
 pub struct Candidate {
@@ -23,6 +26,8 @@ pub struct Candidate {
     pub hash: String,
     /// the outage policy (annotation [`STALE_AFTER_KEY`])
     pub stale_after: Option<Duration>,
+    /// the networks its addresses must be in (annotation [`ALLOWED_CIDRS_KEY`])
+    pub allowed_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// Pure: the remote a Secret describes, or why it describes none.
@@ -48,12 +53,23 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
         None => None,
     };
-    let policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
+    let allowed_cidrs = match s.annotations().get(ALLOWED_CIDRS_KEY) {
+        Some(v) => crate::desired::addresses::parse_cidrs(v)
+            .map_err(|e| format!("annotation {ALLOWED_CIDRS_KEY}: {e}"))?,
+        None => Vec::new(),
+    };
+    let mut policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
+    if !allowed_cidrs.is_empty() {
+        // a changed allowlist is a rotation; an absent one hashes as before
+        let nets: Vec<String> = allowed_cidrs.iter().map(ToString::to_string).collect();
+        policy = format!("{policy}\nallowed={}", nets.join(","));
+    }
     Ok(Candidate {
         name,
         kubeconfig,
         hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
         stale_after,
+        allowed_cidrs,
     })
 }
 

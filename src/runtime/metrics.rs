@@ -13,6 +13,7 @@ pub struct Metrics {
     pub reconciles: Family<ByOutcome, Counter>,
     pub writes: Family<ByKindVerb, Counter>,
     pub skipped: Family<ByRemoteReason, Counter>,
+    pub addresses_refused: Family<ByRemoteReason, Counter>,
     pub conflicts: Family<ByRemoteKind, Counter>,
     pub sweeps: Family<ByRemoteOutcome, Counter>,
     pub sweep_deletions: Counter,
@@ -40,6 +41,7 @@ impl Default for Metrics {
             reconciles: Family::default(),
             writes: Family::default(),
             skipped: Family::default(),
+            addresses_refused: Family::default(),
             conflicts: Family::default(),
             sweeps: Family::default(),
             sweep_deletions: Counter::default(),
@@ -77,6 +79,11 @@ impl Default for Metrics {
             "skipped",
             "Remote objects not mirrored, by reason",
             m.skipped.clone(),
+        );
+        registry.register(
+            "addresses_refused",
+            "Remote endpoint addresses kept out of local objects (a local network's, outside the remote's allowed CIDRs, FQDN, ...), by remote and reason, counted at each pass that refused them",
+            m.addresses_refused.clone(),
         );
         registry.register(
             "conflicts",
@@ -238,6 +245,9 @@ impl Metrics {
         }
         for kind in KINDS {
             touch(&self.conflicts, ByRemoteKind::new(remote, kind));
+        }
+        for reason in crate::desired::addresses::Refusal::REASONS {
+            touch(&self.addresses_refused, ByRemoteReason::new(remote, reason));
         }
         for outcome in ["renewed", "failed"] {
             touch(

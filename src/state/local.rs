@@ -4,26 +4,49 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use parking_lot::RwLock;
 
 use super::cache::{Cache, by_name, by_service_label};
+use super::networks::Networks;
 
 /// Our followers in the local cluster (everything labelled `<key>=follower`).
 pub struct LocalState {
     pub services: RwLock<Cache<Service>>,
     pub slices: RwLock<Cache<EndpointSlice>>,
     pub endpoints: RwLock<Cache<Endpoints>>,
+    /// the local cluster's own networks, which no remote may claim
+    pub networks: Networks,
 }
 
 impl Default for LocalState {
     fn default() -> Self {
-        Self {
-            services: RwLock::new(Cache::new(by_name::<Service>)),
-            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
-            endpoints: RwLock::new(Cache::new(by_name::<Endpoints>)),
-        }
+        Self::new(Networks::new(Vec::new()))
     }
 }
 
 impl LocalState {
+    pub fn new(networks: Networks) -> Self {
+        Self {
+            services: RwLock::new(Cache::new(by_name::<Service>)),
+            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            endpoints: RwLock::new(Cache::new(by_name::<Endpoints>)),
+            networks,
+        }
+    }
+
+    /// Whether every local cache and the local networks have completed a listing: until then a
+    /// pass decides nothing (it could not tell a local address from a remote's).
     pub fn ready(&self) -> bool {
-        self.services.read().ready() && self.slices.read().ready() && self.endpoints.read().ready()
+        self.services.read().ready()
+            && self.slices.read().ready()
+            && self.endpoints.read().ready()
+            && self.networks.ready()
+    }
+
+    /// The local networks as listed (tests: a cluster with no nodes, ServiceCIDRs or API
+    /// server endpoints).
+    #[cfg(test)]
+    pub fn networks_listed(self) -> Self {
+        for part in super::networks::Part::ALL {
+            self.networks.listed(part);
+        }
+        self
     }
 }

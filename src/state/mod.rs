@@ -2,11 +2,13 @@
 pub mod cache;
 pub mod local;
 pub mod mcs;
+pub mod networks;
 pub mod remote;
 pub mod remotes;
 
 pub use cache::{Cache, CacheError, GroupKey};
 pub use local::LocalState;
 pub use mcs::{McsCluster, McsLocal, McsNamespace, McsView, Property};
+pub use networks::Networks;
 pub use remote::{Credential, RemoteState};
 pub use remotes::{Member, Origin, Remotes};

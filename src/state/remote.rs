@@ -29,6 +29,8 @@ pub struct RemoteState {
     pub credential: std::sync::OnceLock<Credential>,
     /// its part in the Multi-Cluster Services API (`--mcs`)
     pub mcs: Option<Arc<super::mcs::McsCluster>>,
+    /// which of its addresses may reach a local object (see `desired::addresses`)
+    pub addresses: crate::desired::addresses::AddressPolicy,
 }
 
 impl RemoteState {
@@ -44,7 +46,14 @@ impl RemoteState {
             marked: AtomicBool::new(false),
             credential: std::sync::OnceLock::new(),
             mcs: None,
+            addresses: Default::default(),
         }
+    }
+
+    /// With its address policy (its allowed CIDRs; strict mode).
+    pub fn with_addresses(mut self, policy: crate::desired::addresses::AddressPolicy) -> Self {
+        self.addresses = policy;
+        self
     }
 
     /// Read as an MCS source too (`--mcs`): its name without a ClusterProperty is its name here.

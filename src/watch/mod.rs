@@ -9,6 +9,7 @@
 //! relists (see docs/architecture.md, "Libraries we evaluated").
 pub mod local;
 pub mod mcs;
+pub mod networks;
 pub mod remote;
 
 use std::sync::Arc;

@@ -1,0 +1,475 @@
+//! Which remote addresses may reach a local object. A remote speaks only for its own networks:
+//! an address of the local cluster (a node, the pod or Service network, the API server) is
+//! never taken from it, whatever its allowlist says, and with an allowlist only addresses inside
+//! it are. Pure: the local networks and each remote's policy are inputs.
+//!
+//! Every remote EndpointSlice passes [`admit`] before it reaches the desired state, in the label
+//! mode and in the MCS mode alike; an endpoint with a refused address is left out whole.
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// Why an address was refused. The variants are bounded categories, usable as metric labels
+/// through [`Refusal::reason`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// an address of a local Node (`status.addresses`)
+    LocalNode,
+    /// inside a local Node's pod CIDR (`spec.podCIDRs`)
+    LocalPodNetwork,
+    /// inside a local ServiceCIDR (`networking.k8s.io/v1`)
+    LocalServiceNetwork,
+    /// an endpoint of the local API server (the `default/kubernetes` Service)
+    LocalApiServer,
+    /// inside a network the operator named local (`--local-cidrs`)
+    LocalConfigured,
+    /// loopback, link-local, unspecified, multicast or broadcast: never a pod's
+    Reserved,
+    /// outside the remote's allowed CIDRs
+    NotAllowed,
+    /// the remote has no allowlist and strict mode is on
+    NoAllowlist,
+    /// an FQDN slice: a remote may not make a local name resolve to a host of its choice
+    Fqdn,
+    /// not an IP address
+    NotAnAddress,
+}
+
+impl Refusal {
+    /// Every reason [`Refusal::reason`] returns.
+    pub const REASONS: [&'static str; 10] = [
+        "LocalNode",
+        "LocalPodNetwork",
+        "LocalServiceNetwork",
+        "LocalApiServer",
+        "LocalConfigured",
+        "Reserved",
+        "NotAllowed",
+        "NoAllowlist",
+        "Fqdn",
+        "NotAnAddress",
+    ];
+
+    /// Short CamelCase reason, usable as a metric label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::LocalNode => "LocalNode",
+            Refusal::LocalPodNetwork => "LocalPodNetwork",
+            Refusal::LocalServiceNetwork => "LocalServiceNetwork",
+            Refusal::LocalApiServer => "LocalApiServer",
+            Refusal::LocalConfigured => "LocalConfigured",
+            Refusal::Reserved => "Reserved",
+            Refusal::NotAllowed => "NotAllowed",
+            Refusal::NoAllowlist => "NoAllowlist",
+            Refusal::Fqdn => "Fqdn",
+            Refusal::NotAnAddress => "NotAnAddress",
+        }
+    }
+
+    /// What it means, for an Event.
+    fn words(self) -> &'static str {
+        match self {
+            Refusal::LocalNode => "a local node's address",
+            Refusal::LocalPodNetwork => "in the local pod network",
+            Refusal::LocalServiceNetwork => "in the local Service network",
+            Refusal::LocalApiServer => "the local API server",
+            Refusal::LocalConfigured => "in --local-cidrs",
+            Refusal::Reserved => "loopback, link-local, multicast or unspecified",
+            Refusal::NotAllowed => "outside the remote's allowed CIDRs",
+            Refusal::NoAllowlist => "the remote has no allowed CIDRs (strict mode)",
+            Refusal::Fqdn => "an FQDN endpoint",
+            Refusal::NotAnAddress => "not an IP address",
+        }
+    }
+}
+
+/// The local cluster's own networks: never a remote's to claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalNetworks {
+    /// exact addresses: nodes' and the API server's
+    addresses: BTreeMap<IpAddr, Refusal>,
+    /// networks: pod CIDRs, ServiceCIDRs, `--local-cidrs`
+    nets: Vec<(IpNet, Refusal)>,
+}
+
+impl LocalNetworks {
+    /// Adds an exact local address (a node's, the API server's).
+    pub fn add_address(&mut self, ip: IpAddr, why: Refusal) {
+        self.addresses.entry(ip.to_canonical()).or_insert(why);
+    }
+
+    /// Adds a local network (a pod CIDR, a ServiceCIDR, one the operator named).
+    pub fn add_net(&mut self, net: IpNet, why: Refusal) {
+        let net = net.trunc();
+        if !self.nets.iter().any(|(n, _)| *n == net) {
+            self.nets.push((net, why));
+        }
+    }
+
+    /// Whether `ip` is the local cluster's, and as what.
+    pub fn classify(&self, ip: IpAddr) -> Option<Refusal> {
+        self.addresses.get(&ip).copied().or_else(|| {
+            self.nets
+                .iter()
+                .find(|(net, _)| net.contains(&ip))
+                .map(|(_, why)| *why)
+        })
+    }
+
+    /// How many addresses and networks it holds (for logs).
+    pub fn size(&self) -> (usize, usize) {
+        (self.addresses.len(), self.nets.len())
+    }
+}
+
+/// One remote's address policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressPolicy {
+    /// the networks this remote's addresses must be in (empty: any that is not local, unless
+    /// `strict`)
+    pub allowed: Vec<IpNet>,
+    /// a remote without an allowlist contributes no addresses
+    pub strict: bool,
+}
+
+impl AddressPolicy {
+    /// Judges one address.
+    pub fn judge(&self, address: &str, local: &LocalNetworks) -> Result<(), Refusal> {
+        let ip = address
+            .parse::<IpAddr>()
+            .map_err(|_| Refusal::NotAnAddress)?
+            .to_canonical();
+        if is_reserved(ip) {
+            return Err(Refusal::Reserved);
+        }
+        if let Some(why) = local.classify(ip) {
+            return Err(why);
+        }
+        if self.allowed.is_empty() {
+            return if self.strict {
+                Err(Refusal::NoAllowlist)
+            } else {
+                Ok(())
+            };
+        }
+        if self.allowed.iter().any(|net| net.contains(&ip)) {
+            Ok(())
+        } else {
+            Err(Refusal::NotAllowed)
+        }
+    }
+}
+
+/// Never a pod's address (the API server refuses most of these in an EndpointSlice, so a remote
+/// listing one would also fail our write).
+fn is_reserved(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || v6.is_unicast_link_local()
+        }
+    }
+}
+
+/// Comma-separated CIDRs (`10.20.0.0/16, fd00:20::/64`); an empty text is an empty list. A bare
+/// address is refused: say `/32` or `/128` when one address is meant.
+pub fn parse_cidrs(text: &str) -> Result<Vec<IpNet>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+                let shown: String = c.chars().take(64).flat_map(char::escape_debug).collect();
+                format!("{shown:?} is not a CIDR (like 10.20.0.0/16 or fd00:20::/64)")
+            })
+        })
+        .collect()
+}
+
+/// Most refused addresses an [`Admission`] names (the rest are counted).
+const EXAMPLES: usize = 4;
+
+/// What [`admit`] refused of one remote's slices: counts by reason, and a few examples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refused {
+    pub counts: BTreeMap<Refusal, usize>,
+    /// a few refused addresses with why (IP addresses only: other text is never repeated)
+    pub examples: Vec<(String, Refusal)>,
+}
+
+impl Refused {
+    fn add(&mut self, address: &str, why: Refusal) {
+        *self.counts.entry(why).or_default() += 1;
+        if self.examples.len() < EXAMPLES {
+            let shown = match address.parse::<IpAddr>() {
+                Ok(ip) => ip.to_string(),
+                Err(_) => "(not an address)".to_string(),
+            };
+            self.examples.push((shown, why));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    pub fn total(&self) -> usize {
+        self.counts.values().sum()
+    }
+
+    /// Adds what another admission refused.
+    pub fn extend(&mut self, other: Refused) {
+        for (why, n) in other.counts {
+            *self.counts.entry(why).or_default() += n;
+        }
+        let room = EXAMPLES.saturating_sub(self.examples.len());
+        self.examples.extend(other.examples.into_iter().take(room));
+    }
+
+    /// One line for an Event: `3 addresses refused: 10.0.0.1 (in the local pod network), ...`.
+    pub fn describe(&self) -> String {
+        let named: Vec<String> = self
+            .examples
+            .iter()
+            .map(|(a, why)| format!("{a} ({})", why.words()))
+            .collect();
+        let more = self.total().saturating_sub(self.examples.len());
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            "{} address(es) refused: {}{tail}",
+            self.total(),
+            named.join(", ")
+        )
+    }
+}
+
+/// The slice with only the endpoints whose every address `policy` admits (borrowed when nothing
+/// was refused), and what was refused. An FQDN slice is refused whole.
+pub fn admit<'a>(
+    slice: &'a EndpointSlice,
+    policy: &AddressPolicy,
+    local: &LocalNetworks,
+) -> (Cow<'a, EndpointSlice>, Refused) {
+    let mut refused = Refused::default();
+    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+        for e in &slice.endpoints {
+            for a in &e.addresses {
+                refused.add(a, Refusal::Fqdn);
+            }
+        }
+        let mut empty = slice.clone();
+        empty.endpoints.clear();
+        return (Cow::Owned(empty), refused);
+    }
+    let verdicts: Vec<bool> = slice
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut ok = true;
+            for a in &e.addresses {
+                if let Err(why) = policy.judge(a, local) {
+                    refused.add(a, why);
+                    ok = false;
+                }
+            }
+            ok
+        })
+        .collect();
+    if refused.is_empty() {
+        return (Cow::Borrowed(slice), refused);
+    }
+    let mut kept = slice.clone();
+    let mut verdict = verdicts.into_iter();
+    kept.endpoints.retain(|_| verdict.next().unwrap_or(false));
+    (Cow::Owned(kept), refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(address_type: &str, addresses: &[&str]) -> EndpointSlice {
+        let endpoints: Vec<_> = addresses
+            .iter()
+            .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "shop"},
+            "addressType": address_type,
+            "endpoints": endpoints,
+        }))
+        .expect("a slice")
+    }
+
+    fn local() -> LocalNetworks {
+        let mut l = LocalNetworks::default();
+        l.add_address("10.250.2.1".parse().unwrap(), Refusal::LocalApiServer);
+        l.add_address("192.168.1.10".parse().unwrap(), Refusal::LocalNode);
+        l.add_net("10.202.0.0/16".parse().unwrap(), Refusal::LocalPodNetwork);
+        l.add_net(
+            "10.96.0.0/12".parse().unwrap(),
+            Refusal::LocalServiceNetwork,
+        );
+        l.add_net("fd00:2::/64".parse().unwrap(), Refusal::LocalPodNetwork);
+        l
+    }
+
+    fn addresses(s: &EndpointSlice) -> Vec<&str> {
+        s.endpoints
+            .iter()
+            .flat_map(|e| e.addresses.iter().map(String::as_str))
+            .collect()
+    }
+
+    #[test]
+    fn local_addresses_are_refused_whatever_the_allowlist() {
+        let open = AddressPolicy::default();
+        let wide = AddressPolicy {
+            allowed: parse_cidrs("0.0.0.0/0,::/0").unwrap(),
+            strict: true,
+        };
+        for policy in [&open, &wide] {
+            let l = local();
+            assert_eq!(policy.judge("10.250.2.1", &l), Err(Refusal::LocalApiServer));
+            assert_eq!(policy.judge("192.168.1.10", &l), Err(Refusal::LocalNode));
+            assert_eq!(
+                policy.judge("10.202.7.9", &l),
+                Err(Refusal::LocalPodNetwork)
+            );
+            assert_eq!(
+                policy.judge("10.96.0.10", &l),
+                Err(Refusal::LocalServiceNetwork)
+            );
+            assert_eq!(policy.judge("fd00:2::5", &l), Err(Refusal::LocalPodNetwork));
+            // an IPv4-mapped IPv6 address is the IPv4 address it maps
+            assert_eq!(
+                policy.judge("::ffff:10.202.7.9", &l),
+                Err(Refusal::LocalPodNetwork)
+            );
+            assert_eq!(policy.judge("127.0.0.1", &l), Err(Refusal::Reserved));
+            assert_eq!(policy.judge("169.254.169.254", &l), Err(Refusal::Reserved));
+            assert_eq!(policy.judge("fe80::1", &l), Err(Refusal::Reserved));
+            assert_eq!(policy.judge("0.0.0.0", &l), Err(Refusal::Reserved));
+            assert_eq!(
+                policy.judge("db.example.com", &l),
+                Err(Refusal::NotAnAddress)
+            );
+            // a node's address is refused exactly: its neighbour may be another cluster's pod
+            assert_eq!(policy.judge("192.168.1.11", &l), Ok(()));
+            assert_eq!(policy.judge("10.201.0.5", &l), Ok(()));
+        }
+    }
+
+    #[test]
+    fn an_allowlist_admits_only_its_networks_and_strict_mode_needs_one() {
+        let l = local();
+        let east = AddressPolicy {
+            allowed: parse_cidrs(" 10.201.0.0/16 , fd00:1::/64").unwrap(),
+            strict: false,
+        };
+        assert_eq!(east.judge("10.201.3.4", &l), Ok(()));
+        assert_eq!(east.judge("fd00:1::9", &l), Ok(()));
+        assert_eq!(east.judge("10.203.0.1", &l), Err(Refusal::NotAllowed));
+        let strict = AddressPolicy {
+            allowed: vec![],
+            strict: true,
+        };
+        assert_eq!(strict.judge("10.201.3.4", &l), Err(Refusal::NoAllowlist));
+        let strict_east = AddressPolicy {
+            strict: true,
+            ..east
+        };
+        assert_eq!(strict_east.judge("10.201.3.4", &l), Ok(()));
+    }
+
+    #[test]
+    fn cidrs_parse_or_say_why_in_one_bounded_line() {
+        assert_eq!(parse_cidrs("").unwrap(), vec![]);
+        assert_eq!(
+            parse_cidrs("10.20.1.7/16").unwrap(),
+            vec!["10.20.0.0/16".parse::<IpNet>().unwrap()]
+        );
+        let bare = parse_cidrs("10.20.0.1").unwrap_err();
+        assert!(bare.contains("is not a CIDR"), "{bare}");
+        let hostile = parse_cidrs(&format!("{}\nlevel=error", "x".repeat(500))).unwrap_err();
+        assert!(!hostile.contains('\n') && hostile.len() < 200, "{hostile}");
+    }
+
+    #[test]
+    fn admit_borrows_a_clean_slice_and_drops_refused_endpoints() {
+        let l = local();
+        let open = AddressPolicy::default();
+        let clean = slice("IPv4", &["10.201.0.5", "10.201.0.6"]);
+        let (s, refused) = admit(&clean, &open, &l);
+        assert!(matches!(s, Cow::Borrowed(_)));
+        assert!(refused.is_empty());
+
+        let hostile = slice(
+            "IPv4",
+            &[
+                "10.201.0.5",
+                "10.250.2.1",
+                "10.202.0.9",
+                "10.202.0.10",
+                "10.96.0.1",
+                "127.0.0.1",
+            ],
+        );
+        let (s, refused) = admit(&hostile, &open, &l);
+        assert_eq!(addresses(&s), vec!["10.201.0.5"]);
+        assert_eq!(refused.total(), 5);
+        assert_eq!(refused.counts[&Refusal::LocalPodNetwork], 2);
+        assert_eq!(refused.examples.len(), EXAMPLES);
+        let line = refused.describe();
+        assert!(
+            line.starts_with("5 address(es) refused: 10.250.2.1 (the local API server)"),
+            "{line}"
+        );
+        assert!(line.ends_with(" and 1 more"), "{line}");
+    }
+
+    #[test]
+    fn fqdn_slices_are_refused_whole() {
+        let l = local();
+        let fqdn = slice("FQDN", &["db.example.com"]);
+        let (s, refused) = admit(&fqdn, &AddressPolicy::default(), &l);
+        assert!(s.endpoints.is_empty());
+        assert_eq!(refused.counts[&Refusal::Fqdn], 1);
+        assert_eq!(refused.examples[0].0, "(not an address)");
+    }
+
+    #[test]
+    fn every_reason_is_listed() {
+        let all = [
+            Refusal::LocalNode,
+            Refusal::LocalPodNetwork,
+            Refusal::LocalServiceNetwork,
+            Refusal::LocalApiServer,
+            Refusal::LocalConfigured,
+            Refusal::Reserved,
+            Refusal::NotAllowed,
+            Refusal::NoAllowlist,
+            Refusal::Fqdn,
+            Refusal::NotAnAddress,
+        ];
+        let reasons: Vec<&str> = all.iter().map(|r| r.reason()).collect();
+        assert_eq!(reasons, Refusal::REASONS);
+    }
+}

@@ -1,0 +1,243 @@
+//! The local cluster's own networks, as the local watches have seen them: its nodes' addresses
+//! and pod CIDRs, its ServiceCIDRs, its API server's endpoints, and what the operator named
+//! (`--local-cidrs`). No remote may contribute an address in them (see `desired::addresses`).
+//!
+//! Each part is replaced whole by a complete listing and kept by watch events after it; until
+//! every part has been listed once, the set is not ready and no pass admits anything.
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use parking_lot::RwLock;
+
+use crate::desired::addresses::{LocalNetworks, Refusal};
+
+/// One source of local networks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Part {
+    Nodes,
+    ServiceCidrs,
+    ApiServer,
+}
+
+impl Part {
+    pub const ALL: [Part; 3] = [Part::Nodes, Part::ServiceCidrs, Part::ApiServer];
+
+    pub fn what(self) -> &'static str {
+        match self {
+            Part::Nodes => "Nodes",
+            Part::ServiceCidrs => "ServiceCIDRs",
+            Part::ApiServer => "the API server's EndpointSlices",
+        }
+    }
+}
+
+/// What one object (a Node, a ServiceCIDR, an EndpointSlice) says of the local networks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub addresses: Vec<(IpAddr, Refusal)>,
+    pub nets: Vec<(IpNet, Refusal)>,
+}
+
+#[derive(Default)]
+struct Listing {
+    objects: BTreeMap<String, Entry>,
+    listed: bool,
+    /// a relist in progress: replaces `objects` when it completes
+    next: Option<BTreeMap<String, Entry>>,
+    /// why it is not listed (for /readyz)
+    problem: Option<String>,
+}
+
+/// The local networks and the parts they are made of.
+pub struct Networks {
+    configured: Vec<IpNet>,
+    parts: RwLock<BTreeMap<Part, Listing>>,
+    current: RwLock<Arc<LocalNetworks>>,
+}
+
+impl Networks {
+    /// `configured`: the networks the operator named local (`--local-cidrs`).
+    pub fn new(configured: Vec<IpNet>) -> Self {
+        let parts = Part::ALL.map(|p| (p, Listing::default())).into();
+        let n = Self {
+            configured,
+            parts: RwLock::new(parts),
+            current: RwLock::new(Arc::default()),
+        };
+        n.rebuild();
+        n
+    }
+
+    /// Whether every part has been listed once.
+    pub fn ready(&self) -> bool {
+        self.parts.read().values().all(|l| l.listed)
+    }
+
+    /// Why not ready (None when ready).
+    pub fn problem(&self) -> Option<String> {
+        let parts = self.parts.read();
+        let waiting: Vec<String> = parts
+            .iter()
+            .filter(|(_, l)| !l.listed)
+            .map(|(p, l)| match &l.problem {
+                Some(why) => format!("{}: {why}", p.what()),
+                None => format!("{}: not listed yet", p.what()),
+            })
+            .collect();
+        (!waiting.is_empty()).then(|| waiting.join("; "))
+    }
+
+    /// The networks as they are now.
+    pub fn current(&self) -> Arc<LocalNetworks> {
+        Arc::clone(&self.current.read())
+    }
+
+    /// A listing of `part` starts.
+    pub fn relist(&self, part: Part) {
+        if let Some(l) = self.parts.write().get_mut(&part) {
+            l.next = Some(BTreeMap::new());
+        }
+    }
+
+    /// An object of a listing in progress, or (outside one) added or changed. True when the
+    /// networks changed.
+    pub fn apply(&self, part: Part, name: String, entry: Entry) -> bool {
+        let changed = {
+            let mut parts = self.parts.write();
+            let Some(l) = parts.get_mut(&part) else {
+                return false;
+            };
+            match &mut l.next {
+                Some(next) => {
+                    next.insert(name, entry);
+                    false
+                }
+                None => l.objects.insert(name, entry.clone()).as_ref() != Some(&entry),
+            }
+        };
+        changed && self.rebuild()
+    }
+
+    /// An object deleted. True when the networks changed.
+    pub fn delete(&self, part: Part, name: &str) -> bool {
+        let changed = self
+            .parts
+            .write()
+            .get_mut(&part)
+            .is_some_and(|l| l.objects.remove(name).is_some());
+        changed && self.rebuild()
+    }
+
+    /// The listing of `part` completed. True when the networks changed.
+    pub fn listed(&self, part: Part) -> bool {
+        {
+            let mut parts = self.parts.write();
+            let Some(l) = parts.get_mut(&part) else {
+                return false;
+            };
+            if let Some(next) = l.next.take() {
+                l.objects = next;
+            }
+            l.listed = true;
+            l.problem = None;
+        }
+        self.rebuild()
+    }
+
+    /// A part that cannot be listed (forbidden, say): shown on /readyz until it is.
+    pub fn set_problem(&self, part: Part, why: String) {
+        if let Some(l) = self.parts.write().get_mut(&part) {
+            l.problem = (!l.listed).then_some(why);
+        }
+    }
+
+    /// Rebuilds the current networks from the parts; true when they changed.
+    fn rebuild(&self) -> bool {
+        let mut local = LocalNetworks::default();
+        for net in &self.configured {
+            local.add_net(*net, Refusal::LocalConfigured);
+        }
+        for l in self.parts.read().values() {
+            for entry in l.objects.values() {
+                for (ip, why) in &entry.addresses {
+                    local.add_address(*ip, *why);
+                }
+                for (net, why) in &entry.nets {
+                    local.add_net(*net, *why);
+                }
+            }
+        }
+        let mut current = self.current.write();
+        if **current == local {
+            return false;
+        }
+        *current = Arc::new(local);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(ip: &str, cidr: &str) -> Entry {
+        Entry {
+            addresses: vec![(ip.parse().unwrap(), Refusal::LocalNode)],
+            nets: vec![(cidr.parse().unwrap(), Refusal::LocalPodNetwork)],
+        }
+    }
+
+    #[test]
+    fn ready_only_once_every_part_is_listed_and_a_relist_replaces_its_part() {
+        let n = Networks::new(vec!["10.99.0.0/16".parse().unwrap()]);
+        assert!(!n.ready());
+        assert!(n.problem().unwrap().contains("Nodes: not listed yet"));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            n.current().classify(ip("10.99.1.1")),
+            Some(Refusal::LocalConfigured)
+        );
+        n.relist(Part::Nodes);
+        n.apply(
+            Part::Nodes,
+            "a".into(),
+            node("192.168.0.1", "10.201.1.0/24"),
+        );
+        assert_eq!(n.current().classify(ip("192.168.0.1")), None, "not yet");
+        assert!(n.listed(Part::Nodes));
+        n.set_problem(Part::ServiceCidrs, "forbidden".into());
+        assert!(n.problem().unwrap().contains("ServiceCIDRs: forbidden"));
+        n.listed(Part::ServiceCidrs);
+        n.listed(Part::ApiServer);
+        assert!(n.ready());
+        assert_eq!(
+            n.current().classify(ip("10.201.1.7")),
+            Some(Refusal::LocalPodNetwork)
+        );
+        // an unchanged object changes nothing; a new node does
+        assert!(!n.apply(
+            Part::Nodes,
+            "a".into(),
+            node("192.168.0.1", "10.201.1.0/24")
+        ));
+        assert!(n.apply(
+            Part::Nodes,
+            "b".into(),
+            node("192.168.0.2", "10.201.2.0/24")
+        ));
+        // a relist without node a drops it
+        n.relist(Part::Nodes);
+        n.apply(
+            Part::Nodes,
+            "b".into(),
+            node("192.168.0.2", "10.201.2.0/24"),
+        );
+        assert!(n.listed(Part::Nodes));
+        assert_eq!(n.current().classify(ip("192.168.0.1")), None);
+        assert!(n.delete(Part::Nodes, "b"));
+        assert_eq!(n.current().classify(ip("10.201.2.9")), None);
+        assert!(n.ready(), "a part once listed stays ready");
+    }
+}
