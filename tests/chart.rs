@@ -699,6 +699,10 @@ fn writer_needs() -> BTreeMap<String, BTreeSet<String>> {
             &["create", "delete", "get", "list", "update"],
         ),
         ("namespaces", RO),
+        // the local networks no remote address may be in: nodes' addresses and pod CIDRs, the
+        // ServiceCIDRs (the API server's endpoints are endpointslices of default/kubernetes)
+        ("nodes", &["list", "watch"]),
+        ("servicecidrs.networking.k8s.io", &["list", "watch"]),
         // update: a renewed remote token is written back into its Secret (tokenRenewal)
         ("secrets", &["get", "list", "update", "watch"]),
         ("services", RW),

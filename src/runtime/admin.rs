@@ -44,6 +44,15 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         ready = false;
         lines.push(format!("{source}: {why}"));
     }
+    match s.local.networks.problem() {
+        None => {
+            let (addresses, nets) = s.local.networks.current().size();
+            lines.push(format!(
+                "local networks: listed ({addresses} addresses, {nets} networks no remote may claim)"
+            ));
+        }
+        Some(why) => lines.push(format!("local networks: not listed: {why}")),
+    }
     let ok = s.local.ready();
     ready &= ok;
     lines.push(format!(
