@@ -295,6 +295,93 @@ async fn the_first_request_through_a_follower_is_answered_by_the_remote_pods() {
     .await;
 }
 
+/// Issue 27: a hostile remote lists west's own pods (and a node of west) as the endpoints of a
+/// Service it exports. The follower holds none of them, so a west client calling the follower's
+/// name is never answered by a west pod: it gets no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_cannot_point_local_clients_at_local_pods() {
+    clusters().await;
+    let _east_up = EAST_UP.read().await;
+    let ns = namespace_in("traffic-hijack", &[EAST, WEST]).await;
+    let (east, west) = (client(EAST).await, client(WEST).await);
+    // west's own web pods: what the hostile remote points at
+    web(&west, &ns.name, WEST, false).await;
+    client_pod(&west, &ns.name).await;
+    let victims = ready_web_pods(&west, &ns.name, 2).await;
+    wait_client(&west, &ns.name).await;
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(west.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("west's nodes")
+        .items
+        .iter()
+        .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
+        .find(|a| a.type_ == "InternalIP" && !a.address.starts_with("127."))
+        .map(|a| a.address.clone())
+        .expect("a node address of west on the bed's network");
+    let mut hostile: Vec<String> = victims.iter().map(|(_, ip)| ip.clone()).collect();
+    hostile.push(node);
+    let pp = PostParams::default();
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(east.clone(), &ns.name)
+        .create(&pp, &support::exported("hijack", 80))
+        .await
+        .expect("the hostile export");
+    Api::<EndpointSlice>::namespaced(east, &ns.name)
+        .create(&pp, &support::remote_slice("hijack", "hijack-1", &hostile))
+        .await
+        .expect("the hostile slice");
+
+    let args = with_flag(
+        with_flag(args_for(&ns.name), "--local-context", WEST),
+        "--remote-context",
+        EAST,
+    );
+    let daemon = Daemon::start(&args).await;
+    daemon
+        .wait_metric(
+            "xcc_addresses_refused_total",
+            &[("remote", EAST), ("reason", "LocalPodNetwork")],
+            2.0,
+        )
+        .await;
+    daemon
+        .wait_metric(
+            "xcc_addresses_refused_total",
+            &[("remote", EAST), ("reason", "LocalNode")],
+            1.0,
+        )
+        .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns.name);
+    let lp = ListParams::default().labels("kubernetes.io/service-name=hijack");
+    let held: Vec<String> = slices
+        .list(&lp)
+        .await
+        .expect("the follower's slices")
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+        .collect();
+    assert!(
+        held.is_empty(),
+        "the follower holds local addresses: {held:?}"
+    );
+
+    // the name resolves (the follower exists), but no request reaches a west pod
+    let url = format!("http://hijack.{}.svc.cluster.local/", ns.name);
+    for _ in 0..10 {
+        if let Ok(body) = get_from(WEST, &ns.name, &url).await {
+            panic!("a west client through the follower was answered: {body}");
+        }
+    }
+    assert!(
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(west, &ns.name)
+            .get("hijack")
+            .await
+            .is_ok(),
+        "the follower exists: the requests failed for want of endpoints, not of a name"
+    );
+}
+
 // ---- traffic under events (issue 20, §2 b, e, f, g) ----------------------------------------
 //
 // One set-up, phases in a row: east and north run `web` (2 pods each, exported), west's daemon

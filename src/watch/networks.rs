@@ -71,6 +71,7 @@ fn follow<K>(
         let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
         while let Some(event) = stream.next().await {
             let networks = &ctl.ctx.local.networks;
+            let was_ready = networks.ready();
             let changed = match event {
                 Ok(Event::Init) => {
                     networks.relist(part);
@@ -86,7 +87,9 @@ fn follow<K>(
                         "the local cluster does not serve ServiceCIDRs (networking.k8s.io/v1, Kubernetes 1.33+): its Service network is refused only through --local-cidrs"
                     );
                     networks.listed(part);
-                    requeue_everything(&ctl);
+                    if networks.ready() {
+                        requeue_everything(&ctl);
+                    }
                     std::future::pending::<bool>().await
                 }
                 Err(e) => {
@@ -95,9 +98,11 @@ fn follow<K>(
                     false
                 }
             };
-            if changed && networks.ready() {
+            // the first complete set releases what waited for it (an MCS pass that found it
+            // unlisted is not queued again by anything else); a change passes every key again
+            if networks.ready() && (changed || !was_ready) {
                 let (addresses, nets) = networks.current().size();
-                info!(addresses, nets, "local networks changed; passing every key again");
+                info!(addresses, nets, "local networks listed or changed; passing every key again");
                 requeue_everything(&ctl);
             }
         }
