@@ -352,6 +352,20 @@ node_addresses() {
     -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"$ip\"},{\"type\":\"Hostname\",\"address\":\"$n\"}]}}" >/dev/null 2>&1
 }
 
+# node_pod_cidr_spec CLUSTER I: the node's pod CIDR (the one its pods' addresses come from, see
+# net.sh) in its spec.podCIDR(s), as kube-controller-manager's node IPAM (--allocate-node-cidrs)
+# sets it on a real cluster: the daemon reads it as a local network no remote address may be in.
+# Set once (the API server refuses a change of a set podCIDR).
+node_pod_cidr_spec() {
+  local c=$1 i=$2 n cidr k
+  n=$(node_name "$c" "$i")
+  cidr=$(node_pod_cidr "$c" "$i")
+  k=("$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig")
+  [ -n "$("${k[@]}" get node "$n" -o jsonpath='{.spec.podCIDR}' 2>/dev/null)" ] && return 0
+  "${k[@]}" patch node "$n" --type merge \
+    -p "{\"spec\":{\"podCIDR\":\"$cidr\",\"podCIDRs\":[\"$cidr\"]}}" >/dev/null 2>&1
+}
+
 wait_node_ready() {
   local c=$1 i=$2 nd n ip deadline=$((SECONDS + ${XCC_TESTBED_NODE_TIMEOUT:-120})) st="" part
   nd=$(node_dir "$c" "$i")
@@ -361,7 +375,7 @@ wait_node_ready() {
   while :; do
     # the kubelet itself answers (a Ready condition can be left over from before a restart)
     if curl -sf --max-time 2 "http://$ip:$kubelet_healthz/healthz" >/dev/null 2>&1 &&
-      node_addresses "$c" "$i"; then
+      node_addresses "$c" "$i" && node_pod_cidr_spec "$c" "$i"; then
       st=$("$bin/kubectl" --kubeconfig "$dir/$c/admin.kubeconfig" get node "$n" \
         -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
       [ "$st" = True ] && return 0

@@ -295,8 +295,9 @@ async fn the_first_request_through_a_follower_is_answered_by_the_remote_pods() {
     .await;
 }
 
-/// Issue 27: a hostile remote lists west's own pods (and a node of west) as the endpoints of a
-/// Service it exports. The follower holds none of them, so a west client calling the follower's
+/// Issue 27: a hostile remote lists west's own pods as the endpoints of a Service it exports
+/// (the bed's nodes register loopback addresses, refused as such; node addresses are judged in
+/// `desired::addresses`' and `watch::networks`' unit tests). The follower holds none of them, so a west client calling the follower's
 /// name is never answered by a west pod: it gets no answer at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_cannot_point_local_clients_at_local_pods() {
@@ -309,18 +310,7 @@ async fn a_remote_cannot_point_local_clients_at_local_pods() {
     client_pod(&west, &ns.name).await;
     let victims = ready_web_pods(&west, &ns.name, 2).await;
     wait_client(&west, &ns.name).await;
-    let node = Api::<k8s_openapi::api::core::v1::Node>::all(west.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("west's nodes")
-        .items
-        .iter()
-        .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
-        .find(|a| a.type_ == "InternalIP" && !a.address.starts_with("127."))
-        .map(|a| a.address.clone())
-        .expect("a node address of west on the bed's network");
-    let mut hostile: Vec<String> = victims.iter().map(|(_, ip)| ip.clone()).collect();
-    hostile.push(node);
+    let hostile: Vec<String> = victims.iter().map(|(_, ip)| ip.clone()).collect();
     let pp = PostParams::default();
     Api::<k8s_openapi::api::core::v1::Service>::namespaced(east.clone(), &ns.name)
         .create(&pp, &support::exported("hijack", 80))
@@ -342,13 +332,6 @@ async fn a_remote_cannot_point_local_clients_at_local_pods() {
             "xcc_addresses_refused_total",
             &[("remote", EAST), ("reason", "LocalPodNetwork")],
             2.0,
-        )
-        .await;
-    daemon
-        .wait_metric(
-            "xcc_addresses_refused_total",
-            &[("remote", EAST), ("reason", "LocalNode")],
-            1.0,
         )
         .await;
     let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns.name);
