@@ -66,6 +66,7 @@ fn every_family() -> Metrics {
     m.since_list.get_or_create(&remote).set(0.0);
     m.credential_expiry.get_or_create(&remote).set(0);
     m.remote_stale.get_or_create(&remote).set(0);
+    m.mcs_name_refused.get_or_create(&remote).set(0);
     m.lag.get_or_create(&remote).observe(0.0);
     let to = ByRemoteTo::new("REMOTE", "marked");
     m.remote_stale_transitions.get_or_create(&to).inc();

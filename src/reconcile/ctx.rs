@@ -191,7 +191,10 @@ impl Ctx {
             export_conflicts: Mutex::default(),
             mcs: settings.mcs.map(|m| {
                 let fallback = m.local_name.unwrap_or_default();
-                Arc::new(McsLocal::new(Arc::new(McsCluster::new("local", &fallback))))
+                let who = crate::desired::mcs::Identity::Local;
+                Arc::new(McsLocal::new(Arc::new(McsCluster::new(
+                    who, "local", &fallback,
+                ))))
             }),
         }
     }

@@ -26,7 +26,7 @@ use super::proof::{Evidence, Proof};
 use super::writer::{Local, Written};
 use crate::desired::addresses::{AddressPolicy, Refused};
 use crate::desired::mcs::{
-    self, Change, ClusterExport, ServiceExport, ServiceImport, derived_name, import_is_ours,
+    self, Change, ClusterExport, Grant, ServiceExport, ServiceImport, derived_name, import_is_ours,
     slice_source_cluster,
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded};
@@ -47,7 +47,8 @@ type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy)>);
 /// Everything one key needs, taken under short read locks.
 struct Snapshot {
     sources: Vec<Source>,
-    /// clusters whose name is not known yet (their ClusterProperty not read)
+    /// clusters whose name is not decided yet (their ClusterProperty not read, or their claim
+    /// not granted yet)
     unnamed: usize,
     proof: Proof,
     import: Option<Arc<ServiceImport>>,
@@ -91,6 +92,19 @@ fn evidence(view: &McsView) -> Evidence {
     }
 }
 
+/// The names a cluster was granted earlier: what carries them is surplus, proven by its
+/// listing, and proves nothing while it has none. Joined with the evidence of whoever holds such
+/// a name now ([`Proof::new`]), so a name another cluster takes never proves absence for the
+/// cluster that held it while that one is unreachable.
+fn former(c: &McsCluster) -> Vec<(String, Evidence)> {
+    let e = if c.exports.read().ready() {
+        Evidence::Gone
+    } else {
+        Evidence::Unknown
+    };
+    c.former.read().iter().map(|f| (f.clone(), e)).collect()
+}
+
 fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
     let mut sources = Vec::new();
     let mut read = Vec::new();
@@ -98,8 +112,11 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
     let mut refused = Vec::new();
     let local = ctx.local.networks.current();
     for (c, policy) in clusters(ctx, mcs) {
+        read.extend(former(&c));
+        // a cluster answers only under the name it was granted (never under one it claims)
         let Some(name) = c.name() else {
-            unnamed += 1;
+            // a refused claim names nothing; one not decided yet might name anything
+            unnamed += usize::from(c.grant() == Grant::Pending);
             continue;
         };
         let mut view = c.view(g)?;
@@ -111,10 +128,6 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
             }
         }
         read.push((name.clone(), evidence(&view)));
-        if c.exports.read().ready() {
-            // names it went by earlier: what carries them is surplus, proven by its listing
-            read.extend(c.former.read().iter().map(|f| (f.clone(), Evidence::Gone)));
-        }
         sources.push(Source { name, view });
     }
     // a remote removed on purpose proves every key gone, unless a cluster read now goes by

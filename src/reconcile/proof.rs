@@ -22,6 +22,19 @@ pub enum Evidence {
     Unknown,
 }
 
+impl Evidence {
+    /// The evidence of two that answer under one name: `Unknown` over `Exports` over `Gone`
+    /// (a name is proven gone only when every one of them proves it).
+    pub fn join(self, other: Evidence) -> Evidence {
+        use Evidence::*;
+        match (self, other) {
+            (Unknown, _) | (_, Unknown) => Unknown,
+            (Exports, _) | (_, Exports) => Exports,
+            (Gone, Gone) => Gone,
+        }
+    }
+}
+
 /// The evidence of every remote this daemon knows, about one key.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Proof {
@@ -30,13 +43,20 @@ pub struct Proof {
 
 impl Proof {
     /// From the evidence of the remotes read and the names of the remotes removed on purpose.
+    /// Where several give evidence under one name (an MCS name a cluster holds and others held
+    /// before), they are joined by [`Evidence::join`]: one that proves nothing makes the name
+    /// prove nothing, and one that exports it keeps it; never the last one wins.
     pub fn new<'a>(
         read: impl IntoIterator<Item = (String, Evidence)>,
         retired: impl IntoIterator<Item = &'a String>,
     ) -> Self {
-        let mut evidence: BTreeMap<String, Evidence> = read.into_iter().collect();
-        for name in retired {
-            evidence.insert(name.clone(), Evidence::Gone);
+        let mut evidence: BTreeMap<String, Evidence> = BTreeMap::new();
+        let retired = retired.into_iter().map(|n| (n.clone(), Evidence::Gone));
+        for (name, e) in read.into_iter().chain(retired) {
+            evidence
+                .entry(name)
+                .and_modify(|was| *was = was.join(e))
+                .or_insert(e);
         }
         Self { evidence }
     }
@@ -133,6 +153,27 @@ mod tests {
     fn proof(read: &[(&str, Evidence)], retired: &[&str]) -> Proof {
         let retired: Vec<String> = retired.iter().map(|n| n.to_string()).collect();
         Proof::new(read.iter().map(|(n, e)| (n.to_string(), *e)), &retired)
+    }
+
+    #[test]
+    fn evidence_under_one_name_is_joined_never_overwritten() {
+        use Evidence::*;
+        for order in [[Unknown, Gone], [Gone, Unknown]] {
+            let p = proof(&[("east", order[0]), ("east", order[1])], &[]);
+            assert_eq!(p.of("east"), Some(Unknown), "{order:?}");
+            assert!(!p.slice_may_go(&from(&["east"])));
+            assert!(!p.may_change_slice(&from(&["east"])));
+        }
+        let p = proof(&[("east", Gone), ("east", Exports)], &[]);
+        assert_eq!(p.of("east"), Some(Exports));
+        let p = proof(&[("east", Unknown)], &["east"]);
+        assert_eq!(
+            p.of("east"),
+            Some(Unknown),
+            "retired, but read now and unknown"
+        );
+        let p = proof(&[("east", Gone), ("east", Gone)], &[]);
+        assert!(p.slice_may_go(&from(&["east"])));
     }
 
     #[test]

@@ -11,16 +11,19 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use tracing::{error, warn};
+use kube::runtime::events::EventType;
+use tracing::{error, info, warn};
 
 use super::ctx::{Ctx, Key, Mode};
 use super::pass::reconcile;
 use crate::desired::Outcome;
+use crate::desired::mcs::Grant;
 use crate::error::Error;
 use crate::runtime::lease::Leadership;
 use crate::runtime::metrics::{ByOutcome, ByRemote};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::supervisor::panic_message;
+use crate::state::McsCluster;
 use crate::state::cache::GroupKey;
 
 /// The label of the local cluster as an MCS source.
@@ -99,6 +102,61 @@ impl Controller {
         keys.sort();
         keys.dedup();
         self.enqueue_mcs(keys);
+    }
+
+    /// Decides again which cluster goes by which MCS name (a claim changed, a remote joined or
+    /// left, the remotes were all listed; see `desired::mcs::Holders`). Each change is logged;
+    /// a refusal is also counted (`xcc_mcs_name_refused`), shown on /readyz, and recorded as an
+    /// Event; any change queues every MCS key.
+    pub async fn settle_mcs_names(&self) {
+        let Some(mcs) = &self.ctx.mcs else { return };
+        let remotes: Vec<Arc<McsCluster>> = self
+            .ctx
+            .remotes
+            .states()
+            .iter()
+            .filter_map(|s| s.mcs.clone())
+            .collect();
+        let changed = mcs.settle(&remotes, self.ctx.remotes.complete());
+        for c in &remotes {
+            let refused = matches!(c.grant(), Grant::Refused { .. });
+            self.ctx
+                .metrics
+                .mcs_name_refused
+                .get_or_create(&ByRemote::new(&*c.label))
+                .set(i64::from(refused));
+        }
+        for c in &changed {
+            self.tell_grant(c).await;
+        }
+        if !changed.is_empty() {
+            self.enqueue_all_mcs();
+        }
+    }
+
+    async fn tell_grant(&self, c: &McsCluster) {
+        let who = &c.identity;
+        match c.grant() {
+            Grant::Named(name) => {
+                info!(cluster = %c.label, name, "MCS cluster name");
+                if name.contains('.') {
+                    warn!(cluster = %c.label, name, "a cluster name with a dot gives <hostname>.<clusterid> DNS names CoreDNS does not resolve");
+                }
+            }
+            Grant::Pending => {
+                info!(cluster = %c.label, claim = ?c.claimed(), "MCS cluster name not granted yet");
+            }
+            Grant::Refused { wanted, holder } => {
+                let note = format!(
+                    "{who} claims the MCS cluster name {wanted:?}, which {holder} holds: refused; its exports wait until it claims a free name"
+                );
+                warn!(cluster = %c.label, "{note}");
+                let reason = "McsNameRefused";
+                self.ctx
+                    .event(EventType::Warning, reason, note, "Refuse", None)
+                    .await;
+            }
+        }
     }
 
     /// An MCS source changed (a cluster's export, or a Service or slice it exports): queued,

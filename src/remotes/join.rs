@@ -46,7 +46,7 @@ pub fn join(
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
         .with_stale_after(known.stale_after)
         .with_addresses(addresses)
-        .with_mcs(settings.mcs);
+        .with_mcs(settings.mcs, cluster_id.as_deref());
     let member = ctl.ctx.remotes.insert(Member {
         state: Arc::new(state),
         client: remote.client.clone(),

@@ -145,6 +145,8 @@ impl Source {
                 },
                 _ = tick.tick() => self.on_tick().await,
             }
+            // a remote joined or left, or the Secrets were listed: who goes by which MCS name
+            self.ctl.settle_mcs_names().await;
         }
     }
 
@@ -465,6 +467,7 @@ impl Source {
         m.remote_up.remove(&l);
         m.since_list.remove(&l);
         m.credential_expiry.remove(&l);
+        m.mcs_name_refused.remove(&l);
     }
 }
 

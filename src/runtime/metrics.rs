@@ -32,6 +32,7 @@ pub struct Metrics {
     pub remote_secrets_refused: Gauge,
     pub credential_expiry: Family<ByRemote, Gauge>,
     pub credential_renewals: Family<ByRemoteOutcome, Counter>,
+    pub mcs_name_refused: Family<ByRemote, Gauge>,
 }
 
 impl Default for Metrics {
@@ -62,6 +63,7 @@ impl Default for Metrics {
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
             credential_expiry: Family::default(),
+            mcs_name_refused: Family::default(),
             credential_renewals: Family::default(),
             registry: Registry::default(),
         };
@@ -174,6 +176,11 @@ impl Default for Metrics {
             "remote_credential_renewals",
             "Renewals of the remote's token by outcome (renewed, failed)",
             m.credential_renewals.clone(),
+        );
+        registry.register(
+            "mcs_name_refused",
+            "1 while the MCS cluster name this remote claims is refused because another cluster (or the local one) holds it; its exports wait",
+            m.mcs_name_refused.clone(),
         );
         let build: Family<ByVersion, Gauge> = Family::default();
         build

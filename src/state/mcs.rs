@@ -16,7 +16,9 @@ use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{Cache, CacheError, GroupKey, by_name, by_service_label};
-use crate::desired::mcs::{MCS_SERVICE_NAME_LABEL, ServiceExport, ServiceImport};
+use crate::desired::mcs::{
+    Claim, Grant, Holders, Identity, MCS_SERVICE_NAME_LABEL, ServiceExport, ServiceImport,
+};
 
 /// What a cluster's ClusterProperty `cluster.clusterset.k8s.io` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,13 +56,18 @@ impl McsNamespace {
 pub struct McsCluster {
     /// "local", or the remote's name in the set of remotes: for logs and metrics
     pub label: Arc<str>,
-    /// the name it goes by without a ClusterProperty
+    /// who it is (never the name it claims)
+    pub identity: Identity,
+    /// the name it claims without a ClusterProperty
     pub fallback: String,
     pub property: RwLock<Property>,
+    /// the name it may go by (see [`McsLocal::settle`])
+    grant: RwLock<Grant>,
     pub exports: RwLock<Cache<ServiceExport>>,
     pub namespaces: RwLock<BTreeMap<String, Arc<McsNamespace>>>,
-    /// names it went by earlier in this process's life (its ClusterProperty changed): slices
-    /// labelled with one are surplus of this cluster, proven by its listings
+    /// names it was granted earlier in this process's life: slices labelled with one are
+    /// surplus of this cluster, proven by its listings (together with the proof of whoever
+    /// holds that name now). Only a granted name gets here: a refused claim never does.
     pub former: RwLock<BTreeSet<String>>,
 }
 
@@ -78,20 +85,22 @@ pub enum McsView {
 }
 
 impl McsCluster {
-    pub fn new(label: &str, fallback: &str) -> Self {
+    pub fn new(identity: Identity, label: &str, fallback: &str) -> Self {
         Self {
             label: label.into(),
+            identity,
             fallback: fallback.to_string(),
             property: RwLock::new(Property::Unread),
+            grant: RwLock::new(Grant::Pending),
             exports: RwLock::new(Cache::new(by_name::<ServiceExport>)),
             namespaces: RwLock::default(),
             former: RwLock::default(),
         }
     }
 
-    /// The name it goes by; None until its ClusterProperty has been read, or when it has none
+    /// The name it claims; None until its ClusterProperty has been read, or when it has none
     /// and no fallback either (the local cluster without `--local-cluster-name`).
-    pub fn name(&self) -> Option<String> {
+    pub fn claimed(&self) -> Option<String> {
         match &*self.property.read() {
             Property::Unread => None,
             Property::Absent if self.fallback.is_empty() => None,
@@ -100,21 +109,35 @@ impl McsCluster {
         }
     }
 
-    /// Records what its ClusterProperty says; true when the name it goes by changed (the name
-    /// it went by is remembered in `former`).
+    /// The name it goes by: the name it claims once granted (see [`McsLocal::settle`]).
+    pub fn name(&self) -> Option<String> {
+        self.grant.read().name().map(str::to_string)
+    }
+
+    pub fn grant(&self) -> Grant {
+        self.grant.read().clone()
+    }
+
+    /// Records what its ClusterProperty says; true when the name it claims changed.
     pub fn set_property(&self, p: Property) -> bool {
-        let before = self.name();
+        let before = self.claimed();
         *self.property.write() = p;
-        let after = self.name();
-        if let (Some(b), Some(a)) = (&before, &after)
-            && b != a
+        before != self.claimed()
+    }
+
+    /// Records what it may go by; true when that changed. A name it no longer goes by is
+    /// remembered in `former`.
+    fn set_grant(&self, g: Grant) -> bool {
+        let before = std::mem::replace(&mut *self.grant.write(), g.clone());
+        if let Some(b) = before.name()
+            && g.name() != Some(b)
         {
-            self.former.write().insert(b.clone());
+            self.former.write().insert(b.to_string());
         }
-        if let Some(a) = &after {
+        if let Some(a) = g.name() {
             self.former.write().remove(a);
         }
-        before != after
+        before != g
     }
 
     /// Its name is known and its exports have been listed.
@@ -178,13 +201,21 @@ impl McsCluster {
         if *self.property.read() == Property::Unread {
             return Some("its ClusterProperty cluster.clusterset.k8s.io not read yet".into());
         }
-        if self.name().is_none() {
+        let Some(claimed) = self.claimed() else {
             return Some(
                 "no MCS name: no ClusterProperty cluster.clusterset.k8s.io and no --local-cluster-name"
                     .into(),
             );
+        };
+        match self.grant() {
+            Grant::Named(_) => self.exports.read().problem("ServiceExports"),
+            Grant::Pending => Some(format!(
+                "MCS name {claimed:?} not granted yet (the remotes not all listed, or the remote of that name not read yet)"
+            )),
+            Grant::Refused { wanted, holder } => Some(format!(
+                "MCS name {wanted:?} refused: {holder} holds it; its exports wait"
+            )),
         }
-        self.exports.read().problem("ServiceExports")
     }
 }
 
@@ -201,6 +232,8 @@ pub fn by_mcs_service_label<K: kube::Resource>(obj: &K) -> Option<String> {
 /// The MCS API in the local cluster: the local cluster as a source, and our imports.
 pub struct McsLocal {
     pub source: Arc<McsCluster>,
+    /// who holds which name
+    holders: parking_lot::Mutex<Holders>,
     pub imports: RwLock<Cache<ServiceImport>>,
     pub derived: RwLock<Cache<Service>>,
     pub slices: RwLock<Cache<EndpointSlice>>,
@@ -210,6 +243,7 @@ impl McsLocal {
     pub fn new(source: Arc<McsCluster>) -> Self {
         Self {
             source,
+            holders: parking_lot::Mutex::default(),
             imports: RwLock::new(Cache::new(by_name::<ServiceImport>)),
             derived: RwLock::new(Cache::new(by_mcs_service_label::<Service>)),
             slices: RwLock::new(Cache::new(by_mcs_service_label::<EndpointSlice>)),
@@ -223,6 +257,30 @@ impl McsLocal {
             .or_else(|| self.derived.read().problem("our derived Services"))
             .or_else(|| self.slices.read().problem("our MCS EndpointSlices"))
             .or_else(|| self.source.problem())
+    }
+
+    /// Decides which cluster goes by which name ([`Holders::settle`]) from every cluster's
+    /// claim, the local one and each remote read (`complete`: every source of remotes has been
+    /// listed once), and records each one's grant. Returns the clusters whose grant changed.
+    pub fn settle(&self, remotes: &[Arc<McsCluster>], complete: bool) -> Vec<Arc<McsCluster>> {
+        let mut all = vec![Arc::clone(&self.source)];
+        all.extend(remotes.iter().cloned());
+        let claims: Vec<Claim> = all
+            .iter()
+            .map(|c| Claim {
+                who: c.identity.clone(),
+                wants: c.claimed(),
+            })
+            .collect();
+        // one settlement at a time, its grants recorded before the next
+        let mut holders = self.holders.lock();
+        let grants = holders.settle(&claims, complete);
+        all.into_iter()
+            .filter(|c| {
+                let g = grants.get(&c.identity).cloned().unwrap_or(Grant::Pending);
+                c.set_grant(g)
+            })
+            .collect()
     }
 
     /// Our imports' caches have been listed, and the local cluster as a source is ready.
@@ -259,9 +317,14 @@ mod tests {
         c.apply(Event::InitDone);
     }
 
+    fn remote(name: &str) -> Arc<McsCluster> {
+        let who = Identity::remote(name, Some(&format!("id-{name}")));
+        Arc::new(McsCluster::new(who, name, name))
+    }
+
     #[test]
     fn a_cluster_proves_nothing_until_its_exports_and_the_namespace_are_listed() {
-        let c = McsCluster::new("east", "east");
+        let c = remote("east");
         let g = ("shop".to_string(), "web".to_string());
         assert!(matches!(c.view(&g), Ok(McsView::Unknown)));
         list(&c.exports, vec![export("shop", "web")]);
@@ -283,18 +346,53 @@ mod tests {
     }
 
     #[test]
-    fn a_name_change_remembers_the_former_name() {
-        let c = McsCluster::new("east", "east");
+    fn a_granted_name_change_remembers_the_former_name() {
+        let local = Arc::new(McsCluster::new(Identity::Local, "local", "west"));
+        let mcs = McsLocal::new(local);
+        let c = remote("east");
+        let all = [Arc::clone(&c)];
         assert_eq!(c.name(), None);
         assert!(!c.ready());
         assert!(c.set_property(Property::Absent));
+        assert!(mcs.settle(&all, true).iter().any(|x| Arc::ptr_eq(x, &c)));
         assert_eq!(c.name().as_deref(), Some("east"));
         assert!(c.set_property(Property::Value("cluster-1".into())));
+        mcs.settle(&all, true);
         assert_eq!(c.name().as_deref(), Some("cluster-1"));
         assert!(c.former.read().contains("east"));
         assert!(!c.set_property(Property::Value("cluster-1".into())));
+        assert!(mcs.settle(&all, true).is_empty(), "nothing changed");
         assert!(c.set_property(Property::Absent));
+        mcs.settle(&all, true);
         assert!(!c.former.read().contains("east"), "its name again");
         assert!(c.former.read().contains("cluster-1"));
+    }
+
+    #[test]
+    fn a_refused_claim_never_becomes_a_former_name() {
+        let local = Arc::new(McsCluster::new(Identity::Local, "local", "west"));
+        local.set_property(Property::Absent);
+        let mcs = McsLocal::new(Arc::clone(&local));
+        let (east, north) = (remote("east"), remote("north"));
+        let all = [Arc::clone(&east), Arc::clone(&north)];
+        east.set_property(Property::Absent);
+        north.set_property(Property::Absent);
+        mcs.settle(&all, true);
+        // north claims east's name, then the local cluster's: refused both times
+        for taken in ["east", "west"] {
+            north.set_property(Property::Value(taken.into()));
+            mcs.settle(&all, true);
+            assert_eq!(north.name(), None);
+            let why = north.problem().unwrap_or_default();
+            assert!(why.contains("refused"), "{why}");
+            assert!(!north.former.read().contains(taken), "never granted");
+        }
+        assert_eq!(east.name().as_deref(), Some("east"));
+        assert_eq!(local.name().as_deref(), Some("west"));
+        north.set_property(Property::Absent);
+        mcs.settle(&all, true);
+        assert_eq!(north.name().as_deref(), Some("north"));
+        assert!(north.former.read().is_empty());
+        assert!(east.former.read().is_empty());
     }
 }

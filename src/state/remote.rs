@@ -56,9 +56,13 @@ impl RemoteState {
         self
     }
 
-    /// Read as an MCS source too (`--mcs`): its name without a ClusterProperty is its name here.
-    pub fn with_mcs(mut self, mcs: bool) -> Self {
-        self.mcs = mcs.then(|| Arc::new(super::mcs::McsCluster::new(&self.name, &self.name)));
+    /// Read as an MCS source too (`--mcs`): its name without a ClusterProperty is its name here;
+    /// its identity is that name and its cluster id.
+    pub fn with_mcs(mut self, mcs: bool, cluster_id: Option<&str>) -> Self {
+        self.mcs = mcs.then(|| {
+            let who = crate::desired::mcs::Identity::remote(&self.name, cluster_id);
+            Arc::new(super::mcs::McsCluster::new(who, &self.name, &self.name))
+        });
         self
     }
 

@@ -161,12 +161,8 @@ fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
                 }
             };
             if cluster.set_property(p) {
-                let name = cluster.name().unwrap_or_default();
-                info!(cluster = %cluster.label, name, "MCS cluster name");
-                if name.contains('.') {
-                    warn!(cluster = %cluster.label, name, "a cluster name with a dot gives <hostname>.<clusterid> DNS names CoreDNS does not resolve");
-                }
-                ctl.enqueue_all_mcs();
+                // a claim, granted or refused by who holds the name (`McsLocal::settle`)
+                ctl.settle_mcs_names().await;
             }
         }
     });

@@ -6,8 +6,9 @@
 //! (the local cluster's included: it is a source as well as a destination) into
 //! [`ClusterExport`]s and calls:
 //!
-//! * [`cluster_name`]: the name a cluster goes by (its ClusterProperty
-//!   `cluster.clusterset.k8s.io` when valid, else the configured name).
+//! * [`cluster_name`]: the name a cluster claims (its ClusterProperty
+//!   `cluster.clusterset.k8s.io` when valid, else the configured name); [`Holders::settle`]:
+//!   which claims are granted (a name is bound to the cluster that holds it).
 //! * [`export_conditions`] then [`export_status_change`]: the local ServiceExport's `Valid`,
 //!   `Ready` and `Conflict` conditions, written to its status subresource.
 //! * [`import`]: the desired ServiceImport, derived Service and EndpointSlices; `None` when no
@@ -69,6 +70,7 @@ mod error;
 mod export;
 mod import;
 mod judge;
+mod names;
 #[cfg(test)]
 mod test_support;
 mod types;
@@ -84,6 +86,7 @@ pub use export::{
 };
 pub use import::{Import, derived_name, import, import_owner};
 pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, validity};
+pub use names::{Claim, Grant, Holders, Identity};
 pub use types::*;
 
 pub use crate::desired::options::MCS_SERVICE_NAME_LABEL;
