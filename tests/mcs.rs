@@ -548,3 +548,287 @@ async fn a_remote_removed_on_purpose_takes_its_part_of_the_imports_with_it() {
     import_listing(&west, &ns.name, "web", &[LOCAL]).await;
     assert!(d.exited().is_none(), "{}", d.logs());
 }
+
+/// A third cluster of the bed, read from a Secret, for the tests of cluster names (issue 27).
+const SOUTH: &str = "south";
+/// South's addresses (east's are 10.201.1.5, by `service`).
+const SOUTH_IP: &str = "10.203.1.5";
+
+/// West's daemon reading east (the static remote) and south (a remote Secret); both export
+/// `web`, and west imports both.
+struct Two {
+    ns: support::TestNs,
+    east: Client,
+    south: Client,
+    west: Client,
+}
+
+async fn east_and_south_export_web(test: &str) -> Two {
+    use support::mcs::crds_in;
+    support::extra_cluster(SOUTH, "").await;
+    crds().await;
+    crds_in(SOUTH).await;
+    let ns = support::namespace_in(test, &[REMOTE, LOCAL, SOUTH]).await;
+    let (east, south) = (client(REMOTE).await, client(SOUTH).await);
+    let west = client(LOCAL).await;
+    service(&east, &ns.name, "web", 80, &["10.201.1.5"]).await;
+    export(&east, &ns.name, "web").await;
+    service(&south, &ns.name, "web", 80, &[SOUTH_IP]).await;
+    export(&south, &ns.name, "web").await;
+    Two {
+        ns,
+        east,
+        south,
+        west,
+    }
+}
+
+/// West's daemon: east from the flags, south from a Secret of the test's namespace.
+async fn daemon_of_two(two: &Two) -> Daemon {
+    use k8s_openapi::api::core::v1::Secret;
+    use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
+    let d = daemon(&two.ns.name, &[]).await;
+    let secrets: Api<Secret> = Api::namespaced(two.west.clone(), &two.ns.name);
+    let kc = kubeconfig_of(SOUTH, |_| {}).await;
+    apply_secret(&secrets, &remote_secret(SOUTH, None, Some(&kc))).await;
+    d
+}
+
+/// Names the cluster of `c` by its ClusterProperty `cluster.clusterset.k8s.io`.
+async fn claim_name(c: &Client, name: &str) {
+    let cp: ClusterProperty = serde_json::from_value(json!({
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": name},
+    }))
+    .expect("a ClusterProperty");
+    Api::<ClusterProperty>::all(c.clone())
+        .patch(
+            "cluster.clusterset.k8s.io",
+            &PatchParams::apply("xcc-test").force(),
+            &Patch::Apply(&cp),
+        )
+        .await
+        .expect("apply the ClusterProperty");
+}
+
+async fn withdraw_name(c: &Client) {
+    Api::<ClusterProperty>::all(c.clone())
+        .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+        .await
+        .expect("delete the ClusterProperty");
+}
+
+/// Deletes south's ClusterProperty when dropped.
+struct SouthNameGone;
+
+impl Drop for SouthNameGone {
+    fn drop(&mut self) {
+        support::block_on_thread(async {
+            let api: Api<ClusterProperty> = Api::all(client(SOUTH).await);
+            let _ = api
+                .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+                .await;
+        });
+    }
+}
+
+/// Starts a stopped cluster of the bed again when dropped.
+struct StartAgain(&'static str);
+
+impl Drop for StartAgain {
+    fn drop(&mut self) {
+        let script = support::repo_root().join("testbed/bed");
+        let _ = std::process::Command::new("bash")
+            .arg(script)
+            .args(["start", self.0])
+            .output();
+    }
+}
+
+/// The slices of ours that carry `cluster` as their source: name -> (uid, resourceVersion,
+/// addresses).
+async fn slices_of(
+    c: &Client,
+    ns: &str,
+    cluster: &str,
+) -> BTreeMap<String, (String, String, Vec<String>)> {
+    let api: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+    let lp = ListParams::default().labels(&format!("{SOURCE_LABEL}={cluster}"));
+    let list = api.list(&lp).await.expect("list slices");
+    list.items
+        .into_iter()
+        .map(|s| {
+            let ips = s
+                .endpoints
+                .iter()
+                .flat_map(|e| e.addresses.clone())
+                .collect();
+            let id = (
+                s.uid().unwrap_or_default(),
+                s.resource_version().unwrap_or_default(),
+            );
+            (s.name_any(), (id.0, id.1, ips))
+        })
+        .collect()
+}
+
+/// The line /readyz gives a remote, once it contains `text`.
+async fn readyz_says(d: &Daemon, remote: &str, text: &str) -> String {
+    eventually(
+        &format!("/readyz: remote {remote}: ...{text}..."),
+        WAIT,
+        || async {
+            let (_, body) = d.readyz()?;
+            body.lines()
+                .find(|l| l.starts_with(&format!("remote {remote}:")) && l.contains(text))
+                .map(str::to_string)
+                .ok_or(body)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_cluster_claiming_anothers_name_is_refused_and_the_holders_exports_keep_flowing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let two = east_and_south_export_web("mcs-claim").await;
+    let ns = two.ns.name.clone();
+    let d = daemon_of_two(&two).await;
+    import_listing(&two.west, &ns, "web", &[REMOTE, SOUTH]).await;
+    slices_are(
+        &two.west,
+        &ns,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+
+    // south claims east's name: refused; only south's part of the import waits
+    let _cleanup = SouthNameGone;
+    claim_name(&two.south, REMOTE).await;
+    import_listing(&two.west, &ns, "web", &[REMOTE]).await;
+    slices_are(&two.west, &ns, "web", &[(REMOTE, &["10.201.1.5"])]).await;
+    d.wait_metric("xcc_mcs_name_refused", &[("remote", SOUTH)], 1.0)
+        .await;
+    let line = readyz_says(&d, SOUTH, "refused").await;
+    assert!(line.contains("MCS name \"east\" refused"), "{line}");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(two.west.clone(), &ns);
+    eventually("the McsNameRefused Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("McsNameRefused"))
+            .then_some(())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+
+    // east's own change reaches west while the claim stands
+    let slices: Api<EndpointSlice> = Api::namespaced(two.east.clone(), &ns);
+    let patch =
+        json!({"endpoints": [{"addresses": ["10.201.1.6"], "conditions": {"ready": true}}]});
+    slices
+        .patch("web-src", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("change east's slice");
+    slices_are(&two.west, &ns, "web", &[(REMOTE, &["10.201.1.6"])]).await;
+    assert_eq!(
+        d.gauge("xcc_mcs_name_refused", &[("remote", REMOTE)]),
+        Some(0.0),
+        "the holder is not refused"
+    );
+
+    // withdrawn: south's part comes back under its own name
+    withdraw_name(&two.south).await;
+    import_listing(&two.west, &ns, "web", &[REMOTE, SOUTH]).await;
+    slices_are(
+        &two.west,
+        &ns,
+        "web",
+        &[(REMOTE, &["10.201.1.6"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+    assert_eq!(
+        d.gauge("xcc_mcs_name_refused", &[("remote", SOUTH)]),
+        Some(0.0)
+    );
+    assert!(d.exited().is_none(), "{}", d.logs());
+}
+
+#[tokio::test]
+async fn a_claim_withdrawn_while_the_holder_is_down_deletes_nothing_of_the_holder() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let two = east_and_south_export_web("mcs-claim-down").await;
+    let ns = two.ns.name.clone();
+    let mut d = daemon_of_two(&two).await;
+    import_listing(&two.west, &ns, "web", &[REMOTE, SOUTH]).await;
+    slices_are(
+        &two.west,
+        &ns,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+    let east_before = slices_of(&two.west, &ns, REMOTE).await;
+
+    // east's API server goes down, south claims east's name, and the daemon restarts meanwhile:
+    // the new one never hears east's own word
+    let _cleanup = SouthNameGone;
+    let _east_again = StartAgain(REMOTE);
+    support::bed_cmd(&["stop", REMOTE]);
+    claim_name(&two.south, REMOTE).await;
+    d.kill();
+    let d = daemon_of_two(&two).await;
+    // south's claim waits for east's own word (east is the remote of that name here)
+    readyz_says(&d, SOUTH, "MCS name \"east\" not granted yet").await;
+    assert_eq!(
+        slices_of(&two.west, &ns, REMOTE).await,
+        east_before,
+        "{}",
+        d.logs()
+    );
+
+    // the claim is withdrawn while east is still down: south's part comes back under its own
+    // name, and nothing of east's goes
+    withdraw_name(&two.south).await;
+    slices_are(
+        &two.west,
+        &ns,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+    assert_eq!(
+        slices_of(&two.west, &ns, REMOTE).await,
+        east_before,
+        "east's slices untouched\n{}",
+        d.logs()
+    );
+    let si: ServiceImport = Api::namespaced(two.west.clone(), &ns)
+        .get("web")
+        .await
+        .expect("the import is kept");
+    let listed: Vec<String> = si
+        .status
+        .iter()
+        .flat_map(|s| s.clusters.iter().map(|c| c.cluster.clone()))
+        .collect();
+    assert!(
+        listed.contains(&REMOTE.to_string()),
+        "east still listed: {listed:?}"
+    );
+
+    // east answers again: the import lists both
+    support::bed_cmd(&["start", REMOTE]);
+    import_listing(&two.west, &ns, "web", &[REMOTE, SOUTH]).await;
+    slices_are(
+        &two.west,
+        &ns,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+    assert!(d.exited().is_none(), "{}", d.logs());
+}

@@ -20,54 +20,68 @@ static CRDS: OnceCell<()> = OnceCell::const_new();
 /// The MCS CRDs (testbed/mcs-crds.sh's folder) on both clusters, established.
 pub async fn crds() {
     CRDS.get_or_init(|| async {
-        let dir = tokio::task::spawn_blocking(|| {
-            let out = std::process::Command::new("bash")
-                .arg(super::repo_root().join("testbed/mcs-crds.sh"))
-                .output()
-                .expect("run testbed/mcs-crds.sh");
-            assert!(
-                out.status.success(),
-                "testbed/mcs-crds.sh: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.lines().last().unwrap_or_default().trim().to_string()
-        })
-        .await
-        .expect("crds task");
-        let mut docs = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("the CRD folder") {
-            let path = entry.expect("entry").path();
-            if path.extension().is_some_and(|e| e == "yaml") {
-                let text = std::fs::read_to_string(&path).expect("read a CRD");
-                let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("a CRD");
-                docs.push(crd);
-            }
-        }
-        assert_eq!(docs.len(), 3, "three CRDs in {dir}");
+        let docs = crd_docs().await;
         for ctx in [LOCAL, REMOTE] {
-            let api: Api<CustomResourceDefinition> = Api::all(client(ctx).await);
-            let pp = PatchParams::apply("xcc-test").force();
-            for crd in &docs {
-                api.patch(&crd.name_any(), &pp, &Patch::Apply(crd))
-                    .await
-                    .expect("apply a CRD");
-            }
-            for crd in &docs {
-                let name = crd.name_any();
-                eventually(&format!("{ctx}: CRD {name} established"), WAIT, || async {
-                    let c = api.get(&name).await.map_err(|e| e.to_string())?;
-                    let ok = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    });
-                    if ok { Ok(()) } else { Err("not yet".into()) }
-                })
-                .await;
-            }
+            apply_crds(ctx, &docs).await;
         }
     })
     .await;
+}
+
+/// The MCS CRDs on one more cluster of the bed, established.
+pub async fn crds_in(ctx: &str) {
+    apply_crds(ctx, &crd_docs().await).await;
+}
+
+async fn crd_docs() -> Vec<CustomResourceDefinition> {
+    let dir = tokio::task::spawn_blocking(|| {
+        let out = std::process::Command::new("bash")
+            .arg(super::repo_root().join("testbed/mcs-crds.sh"))
+            .output()
+            .expect("run testbed/mcs-crds.sh");
+        assert!(
+            out.status.success(),
+            "testbed/mcs-crds.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().last().unwrap_or_default().trim().to_string()
+    })
+    .await
+    .expect("crds task");
+    let mut docs = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the CRD folder") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("read a CRD");
+            let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("a CRD");
+            docs.push(crd);
+        }
+    }
+    assert_eq!(docs.len(), 3, "three CRDs in {dir}");
+    docs
+}
+
+async fn apply_crds(ctx: &str, docs: &[CustomResourceDefinition]) {
+    let api: Api<CustomResourceDefinition> = Api::all(client(ctx).await);
+    let pp = PatchParams::apply("xcc-test").force();
+    for crd in docs {
+        api.patch(&crd.name_any(), &pp, &Patch::Apply(crd))
+            .await
+            .expect("apply a CRD");
+    }
+    for crd in docs {
+        let name = crd.name_any();
+        eventually(&format!("{ctx}: CRD {name} established"), WAIT, || async {
+            let c = api.get(&name).await.map_err(|e| e.to_string())?;
+            let ok = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if ok { Ok(()) } else { Err("not yet".into()) }
+        })
+        .await;
+    }
 }
 
 /// A plain Service (no label of ours) with one port, and a slice of `ips` for it.
