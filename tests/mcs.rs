@@ -585,12 +585,40 @@ async fn east_and_south_export_web(test: &str) -> Two {
 
 /// West's daemon: east from the flags, south from a Secret of the test's namespace.
 async fn daemon_of_two(two: &Two) -> Daemon {
+    daemon_reading(two, East::Static).await
+}
+
+/// Where west's daemon reads east from.
+#[derive(Clone, Copy)]
+enum East {
+    /// the flags (`--remote-context east`): a member even while it does not answer
+    Static,
+    /// a remote Secret: a remote whose server does not answer when its Secret comes is not read
+    Secret,
+}
+
+/// West's daemon: east as `east` says, south from a Secret of the test's namespace.
+async fn daemon_reading(two: &Two, east: East) -> Daemon {
     use k8s_openapi::api::core::v1::Secret;
-    use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
-    let d = daemon(&two.ns.name, &[]).await;
-    let secrets: Api<Secret> = Api::namespaced(two.west.clone(), &two.ns.name);
-    let kc = kubeconfig_of(SOUTH, |_| {}).await;
-    apply_secret(&secrets, &remote_secret(SOUTH, None, Some(&kc))).await;
+    use support::remotes::{apply_secret, kubeconfig_of, remote_secret, secrets_only_args};
+    let ns = &two.ns.name;
+    let secrets: Api<Secret> = Api::namespaced(two.west.clone(), ns);
+    let mut remotes = vec![SOUTH];
+    let d = match east {
+        East::Static => daemon(ns, &[]).await,
+        East::Secret => {
+            remotes.push(REMOTE);
+            let args = with_args(
+                secrets_only_args(ns),
+                &["--mcs", "--local-cluster-name", LOCAL],
+            );
+            Daemon::start_secrets_only(&args).await
+        }
+    };
+    for remote in remotes {
+        let kc = kubeconfig_of(remote, |_| {}).await;
+        apply_secret(&secrets, &remote_secret(remote, None, Some(&kc))).await;
+    }
     d
 }
 
@@ -759,10 +787,21 @@ async fn a_cluster_claiming_anothers_name_is_refused_and_the_holders_exports_kee
 
 #[tokio::test]
 async fn a_claim_withdrawn_while_the_holder_is_down_deletes_nothing_of_the_holder() {
+    withdrawn_while_the_holder_is_down("mcs-claim-down", East::Static).await;
+}
+
+/// As above, with east read from a Secret: after the restart east is not read at all (its
+/// server does not answer), yet the name its Secret gives it is kept for it.
+#[tokio::test]
+async fn a_name_whose_remote_secret_cannot_be_read_is_kept_for_it() {
+    withdrawn_while_the_holder_is_down("mcs-claim-secret", East::Secret).await;
+}
+
+async fn withdrawn_while_the_holder_is_down(test: &str, east: East) {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let two = east_and_south_export_web("mcs-claim-down").await;
+    let two = east_and_south_export_web(test).await;
     let ns = two.ns.name.clone();
-    let mut d = daemon_of_two(&two).await;
+    let mut d = daemon_reading(&two, east).await;
     import_listing(&two.west, &ns, "web", &[REMOTE, SOUTH]).await;
     slices_are(
         &two.west,
@@ -780,7 +819,7 @@ async fn a_claim_withdrawn_while_the_holder_is_down_deletes_nothing_of_the_holde
     support::bed_cmd(&["stop", REMOTE]);
     claim_name(&two.south, REMOTE).await;
     d.kill();
-    let d = daemon_of_two(&two).await;
+    let d = daemon_reading(&two, east).await;
     // south's claim waits for east's own word (east is the remote of that name here)
     readyz_says(&d, SOUTH, "MCS name \"east\" not granted yet").await;
     assert_eq!(

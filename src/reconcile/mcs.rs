@@ -102,7 +102,16 @@ fn former(c: &McsCluster) -> Vec<(String, Evidence)> {
     } else {
         Evidence::Unknown
     };
-    c.former.read().iter().map(|f| (f.clone(), e)).collect()
+    c.former().into_iter().map(|f| (f, e)).collect()
+}
+
+/// The remotes the Secrets name that are not members (not read here).
+fn unread_remotes(ctx: &Ctx) -> usize {
+    let named = ctx.remotes.named().unwrap_or_default();
+    named
+        .iter()
+        .filter(|n| ctx.remotes.get(n).is_none())
+        .count()
 }
 
 fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
@@ -130,6 +139,9 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
         read.push((name.clone(), evidence(&view)));
         sources.push(Source { name, view });
     }
+    // a remote a Secret names that is not read (its server did not answer when it came): it
+    // may go by any name, as a cluster whose name is not decided yet
+    unnamed += unread_remotes(ctx);
     // a remote removed on purpose proves every key gone, unless a cluster read now goes by
     // its name (it joined again)
     let mut retired = ctx.remotes.retired_mcs();

@@ -117,7 +117,8 @@ impl Controller {
             .iter()
             .filter_map(|s| s.mcs.clone())
             .collect();
-        let changed = mcs.settle(&remotes, self.ctx.remotes.complete());
+        let named = self.ctx.remotes.named();
+        let changed = mcs.settle(&remotes, named.as_ref());
         for c in &remotes {
             let refused = matches!(c.grant(), Grant::Refused { .. });
             self.ctx

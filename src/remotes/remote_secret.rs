@@ -30,15 +30,18 @@ pub struct Candidate {
     pub allowed_cidrs: Vec<ipnet::IpNet>,
 }
 
-/// Pure: the remote a Secret describes, or why it describes none.
-pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
-    let secret_name = s.name_any();
-    let name = s
-        .labels()
+/// The name a Secret gives its remote: its label (or annotation) [`NAME_KEY`], else its own.
+pub fn remote_name(s: &Secret) -> String {
+    s.labels()
         .get(NAME_KEY)
         .or_else(|| s.annotations().get(NAME_KEY))
         .cloned()
-        .unwrap_or(secret_name);
+        .unwrap_or_else(|| s.name_any())
+}
+
+/// Pure: the remote a Secret describes, or why it describes none.
+pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
+    let name = remote_name(s);
     // as --cluster-name: it is recorded in annotations and metric labels, never a label
     if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
         return Err(format!(

@@ -146,6 +146,8 @@ impl Source {
                 _ = tick.tick() => self.on_tick().await,
             }
             // a remote joined or left, or the Secrets were listed: who goes by which MCS name
+            let named = self.secrets.values().map(super::remote_secret::remote_name);
+            registry.set_named(named.collect());
             self.ctl.settle_mcs_names().await;
         }
     }

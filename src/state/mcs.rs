@@ -68,7 +68,7 @@ pub struct McsCluster {
     /// names it was granted earlier in this process's life: slices labelled with one are
     /// surplus of this cluster, proven by its listings (together with the proof of whoever
     /// holds that name now). Only a granted name gets here: a refused claim never does.
-    pub former: RwLock<BTreeSet<String>>,
+    former: RwLock<BTreeSet<String>>,
 }
 
 /// What one cluster's caches say about one namespace/name.
@@ -116,6 +116,11 @@ impl McsCluster {
 
     pub fn grant(&self) -> Grant {
         self.grant.read().clone()
+    }
+
+    /// The names it was granted earlier (see the field): written by [`McsLocal::settle`] alone.
+    pub fn former(&self) -> BTreeSet<String> {
+        self.former.read().clone()
     }
 
     /// Records what its ClusterProperty says; true when the name it claims changed.
@@ -260,9 +265,14 @@ impl McsLocal {
     }
 
     /// Decides which cluster goes by which name ([`Holders::settle`]) from every cluster's
-    /// claim, the local one and each remote read (`complete`: every source of remotes has been
-    /// listed once), and records each one's grant. Returns the clusters whose grant changed.
-    pub fn settle(&self, remotes: &[Arc<McsCluster>], complete: bool) -> Vec<Arc<McsCluster>> {
+    /// claim, the local one and each remote read (`named`: the names the sources of remotes
+    /// give, once every source has been listed; see [`Holders::settle`]), and records each
+    /// one's grant. Returns the clusters whose grant changed.
+    pub fn settle(
+        &self,
+        remotes: &[Arc<McsCluster>],
+        named: Option<&BTreeSet<String>>,
+    ) -> Vec<Arc<McsCluster>> {
         let mut all = vec![Arc::clone(&self.source)];
         all.extend(remotes.iter().cloned());
         let claims: Vec<Claim> = all
@@ -274,7 +284,7 @@ impl McsLocal {
             .collect();
         // one settlement at a time, its grants recorded before the next
         let mut holders = self.holders.lock();
-        let grants = holders.settle(&claims, complete);
+        let grants = holders.settle(&claims, named);
         all.into_iter()
             .filter(|c| {
                 let g = grants.get(&c.identity).cloned().unwrap_or(Grant::Pending);
@@ -354,16 +364,23 @@ mod tests {
         assert_eq!(c.name(), None);
         assert!(!c.ready());
         assert!(c.set_property(Property::Absent));
-        assert!(mcs.settle(&all, true).iter().any(|x| Arc::ptr_eq(x, &c)));
+        assert!(
+            mcs.settle(&all, Some(&BTreeSet::new()))
+                .iter()
+                .any(|x| Arc::ptr_eq(x, &c))
+        );
         assert_eq!(c.name().as_deref(), Some("east"));
         assert!(c.set_property(Property::Value("cluster-1".into())));
-        mcs.settle(&all, true);
+        mcs.settle(&all, Some(&BTreeSet::new()));
         assert_eq!(c.name().as_deref(), Some("cluster-1"));
         assert!(c.former.read().contains("east"));
         assert!(!c.set_property(Property::Value("cluster-1".into())));
-        assert!(mcs.settle(&all, true).is_empty(), "nothing changed");
+        assert!(
+            mcs.settle(&all, Some(&BTreeSet::new())).is_empty(),
+            "nothing changed"
+        );
         assert!(c.set_property(Property::Absent));
-        mcs.settle(&all, true);
+        mcs.settle(&all, Some(&BTreeSet::new()));
         assert!(!c.former.read().contains("east"), "its name again");
         assert!(c.former.read().contains("cluster-1"));
     }
@@ -377,11 +394,11 @@ mod tests {
         let all = [Arc::clone(&east), Arc::clone(&north)];
         east.set_property(Property::Absent);
         north.set_property(Property::Absent);
-        mcs.settle(&all, true);
+        mcs.settle(&all, Some(&BTreeSet::new()));
         // north claims east's name, then the local cluster's: refused both times
         for taken in ["east", "west"] {
             north.set_property(Property::Value(taken.into()));
-            mcs.settle(&all, true);
+            mcs.settle(&all, Some(&BTreeSet::new()));
             assert_eq!(north.name(), None);
             let why = north.problem().unwrap_or_default();
             assert!(why.contains("refused"), "{why}");
@@ -390,7 +407,7 @@ mod tests {
         assert_eq!(east.name().as_deref(), Some("east"));
         assert_eq!(local.name().as_deref(), Some("west"));
         north.set_property(Property::Absent);
-        mcs.settle(&all, true);
+        mcs.settle(&all, Some(&BTreeSet::new()));
         assert_eq!(north.name().as_deref(), Some("north"));
         assert!(north.former.read().is_empty());
         assert!(east.former.read().is_empty());

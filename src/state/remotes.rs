@@ -50,6 +50,9 @@ pub struct Remotes {
     retired: RwLock<BTreeSet<String>>,
     /// the MCS names the retired remotes went by (see [`Remotes::retire`])
     retired_mcs: RwLock<BTreeSet<String>>,
+    /// the names the remote Secrets give their remotes, members or not (one whose server does
+    /// not answer names a remote all the same): an MCS name one of them gives is kept for it
+    named: RwLock<BTreeSet<String>>,
     /// false while a source of remotes (the Secrets) has not been listed once: until then a
     /// remote missing from the registry may only not have joined yet
     unlisted: std::sync::atomic::AtomicBool,
@@ -106,7 +109,7 @@ impl Remotes {
         let gone = self.remove(name);
         if let Some(mcs) = gone.as_ref().and_then(|m| m.state.mcs.as_ref()) {
             // its MCS names prove every key gone too
-            let mut names: Vec<String> = mcs.former.read().iter().cloned().collect();
+            let mut names: Vec<String> = mcs.former().into_iter().collect();
             names.extend(mcs.name());
             self.retired_mcs.write().extend(names);
         }
@@ -121,6 +124,22 @@ impl Remotes {
     /// The remotes removed on purpose (and not joined again).
     pub fn retired(&self) -> BTreeSet<String> {
         self.retired.read().clone()
+    }
+
+    /// Every name the sources of remotes give (the members' and those the remote Secrets
+    /// name), once every source has been listed; None before.
+    pub fn named(&self) -> Option<BTreeSet<String>> {
+        if !self.complete() {
+            return None;
+        }
+        let mut all = self.named.read().clone();
+        all.extend(self.members.read().keys().map(|k| k.to_string()));
+        Some(all)
+    }
+
+    /// Records the names the remote Secrets give their remotes.
+    pub fn set_named(&self, names: BTreeSet<String>) {
+        *self.named.write() = names;
     }
 
     /// Whether every source of remotes has been listed once (see `unlisted`).

@@ -11,11 +11,12 @@
 //!    claiming it is refused, and only the newcomer's exports wait.
 //! 3. A free name is granted only once every source of remotes has been listed (before that,
 //!    its rightful holder may not have joined yet). A free name that is a remote's name in the
-//!    set of remotes (the operator's word: a Secret's cluster name or `--cluster-name`) waits
-//!    for that remote's own claim, and goes to it when it claims it too; among other claims of
-//!    one free name, the remote whose name sorts first wins. So a restarted daemon grants the
-//!    name the operator gave a remote to that remote, whatever order the claims arrive in.
-use std::collections::BTreeMap;
+//!    set of remotes (the operator's word: a Secret's cluster name or `--cluster-name`, whether
+//!    that remote could be reached or not) waits for that remote's own claim, and goes to it
+//!    when it claims it too; among other claims of one free name, the remote whose name sorts
+//!    first wins. So a restarted daemon grants the name the operator gave a remote to that
+//!    remote, whatever order the claims arrive in, even while that remote is down.
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// Who a cluster is.
@@ -99,16 +100,21 @@ impl Holders {
     }
 
     /// Applies the rule (module comment) to every cluster's claim: the local cluster's and each
-    /// remote's read here. `complete`: every source of remotes has been listed once. Returns
-    /// every claimant's grant.
-    pub fn settle(&mut self, claims: &[Claim], complete: bool) -> BTreeMap<Identity, Grant> {
+    /// remote's read here. `named`: once every source of remotes has been listed (None before),
+    /// the names those sources give remotes, read here or not yet (a remote Secret whose server
+    /// does not answer names a remote all the same). Returns every claimant's grant.
+    pub fn settle(
+        &mut self,
+        claims: &[Claim],
+        named: Option<&BTreeSet<String>>,
+    ) -> BTreeMap<Identity, Grant> {
         self.release(claims);
         let local = claims.iter().find(|c| c.who == Identity::Local);
         if let Some(name) = local.and_then(|c| c.wants.clone()) {
             self.held.insert(name, Identity::Local);
         }
-        if complete {
-            self.grant_free(claims);
+        if let Some(named) = named {
+            self.grant_free(claims, named);
         }
         claims
             .iter()
@@ -127,7 +133,7 @@ impl Holders {
     }
 
     /// Each free name claimed goes to one claimant (rule 3).
-    fn grant_free(&mut self, claims: &[Claim]) {
+    fn grant_free(&mut self, claims: &[Claim], named: &BTreeSet<String>) {
         let mut free: BTreeMap<&str, Vec<&Identity>> = BTreeMap::new();
         for c in claims {
             if let Some(w) = c.wants.as_deref()
@@ -137,9 +143,11 @@ impl Holders {
             }
         }
         for (name, mut who) in free {
+            // the remote the operator gave this name has not spoken yet (or is not read yet)
             let owner = claims.iter().find(|c| c.who.registry_name() == Some(name));
-            if owner.is_some_and(|o| o.wants.is_none()) {
-                continue; // the remote the operator gave this name has not spoken yet
+            let silent = owner.map_or(named.contains(name), |o| o.wants.is_none());
+            if silent {
+                continue;
             }
             who.sort_by_key(|w| (w.registry_name() != Some(name), *w));
             if let Some(winner) = who.first() {
@@ -182,6 +190,10 @@ mod tests {
         }
     }
 
+    fn none() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     fn named(n: &str) -> Grant {
         Grant::Named(n.into())
     }
@@ -199,21 +211,27 @@ mod tests {
         let mut h = Holders::default();
         let g = h.settle(
             &[claim(&east, Some("east")), claim(&north, Some("north"))],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&east], named("east"));
         assert_eq!(g[&north], named("north"));
         // north now claims east's name
         let claims = [claim(&east, Some("east")), claim(&north, Some("east"))];
-        let g = h.settle(&claims, true);
+        let g = h.settle(&claims, Some(&none()));
         assert_eq!(g[&east], named("east"), "the holder keeps it");
         assert_eq!(g[&north], refused("east", &east));
         // east unreachable: its claim is not read again, and it keeps its name
-        let g = h.settle(&[claim(&east, None), claim(&north, Some("east"))], true);
+        let g = h.settle(
+            &[claim(&east, None), claim(&north, Some("east"))],
+            Some(&none()),
+        );
         assert_eq!(g[&east], named("east"));
         assert_eq!(g[&north], refused("east", &east));
         // north withdraws: its own name again
-        let g = h.settle(&[claim(&east, None), claim(&north, Some("north"))], true);
+        let g = h.settle(
+            &[claim(&east, None), claim(&north, Some("north"))],
+            Some(&none()),
+        );
         assert_eq!(g[&north], named("north"));
         assert_eq!(h.holder("east"), Some(&east));
     }
@@ -227,7 +245,7 @@ mod tests {
                 claim(&Identity::Local, Some("west")),
                 claim(&east, Some("west")),
             ],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&Identity::Local], named("west"));
         assert_eq!(g[&east], refused("west", &Identity::Local));
@@ -238,14 +256,14 @@ mod tests {
                 claim(&Identity::Local, Some("west")),
                 claim(&east, Some("east")),
             ],
-            true,
+            Some(&none()),
         );
         let g = h.settle(
             &[
                 claim(&Identity::Local, Some("east")),
                 claim(&east, Some("east")),
             ],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&Identity::Local], named("east"));
         assert_eq!(g[&east], refused("east", &Identity::Local));
@@ -256,12 +274,15 @@ mod tests {
         let (east, north) = (remote("east"), remote("north"));
         let mut h = Holders::default();
         // a restart: north's claim of east's name is read before east's own
-        let g = h.settle(&[claim(&east, None), claim(&north, Some("east"))], true);
+        let g = h.settle(
+            &[claim(&east, None), claim(&north, Some("east"))],
+            Some(&none()),
+        );
         assert_eq!(g[&north], Grant::Pending, "waits for east's word");
         assert_eq!(g[&east], Grant::Pending);
         let g = h.settle(
             &[claim(&east, Some("east")), claim(&north, Some("east"))],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&east], named("east"));
         assert_eq!(g[&north], refused("east", &east));
@@ -275,7 +296,7 @@ mod tests {
             claim(&Identity::Local, Some("west")),
             claim(&north, Some("east")),
         ];
-        let g = h.settle(&claims, false);
+        let g = h.settle(&claims, None);
         assert_eq!(
             g[&Identity::Local],
             named("west"),
@@ -283,8 +304,20 @@ mod tests {
         );
         assert_eq!(g[&north], Grant::Pending);
         // the Secrets listed: east is not among them, so its name is free
-        let g = h.settle(&claims, true);
+        let g = h.settle(&claims, Some(&none()));
         assert_eq!(g[&north], named("east"));
+    }
+
+    #[test]
+    fn a_name_a_remote_secret_gives_waits_while_that_remote_cannot_be_read() {
+        let north = remote("north");
+        let mut h = Holders::default();
+        // east's Secret is listed, but its server does not answer: east is not read here
+        let named = BTreeSet::from(["east".to_string(), "north".to_string()]);
+        let g = h.settle(&[claim(&north, Some("east"))], Some(&named));
+        assert_eq!(g[&north], Grant::Pending);
+        let g = h.settle(&[claim(&north, Some("north"))], Some(&named));
+        assert_eq!(g[&north], Grant::Named("north".into()));
     }
 
     #[test]
@@ -293,12 +326,12 @@ mod tests {
         let mut h = Holders::default();
         let g = h.settle(
             &[claim(&c, Some("shared")), claim(&b, Some("shared"))],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&b], named("shared"));
         assert_eq!(g[&c], refused("shared", &b));
         let mut h = Holders::default();
-        let g = h.settle(&[claim(&a, Some("c")), claim(&c, Some("c"))], true);
+        let g = h.settle(&[claim(&a, Some("c")), claim(&c, Some("c"))], Some(&none()));
         assert_eq!(g[&c], named("c"), "c's own name, though a sorts first");
         assert_eq!(g[&a], refused("c", &c));
     }
@@ -309,17 +342,17 @@ mod tests {
         let mut h = Holders::default();
         h.settle(
             &[claim(&east, Some("east")), claim(&north, Some("east"))],
-            true,
+            Some(&none()),
         );
         // east goes by another name: the name is free, and north's claim gets it
         let g = h.settle(
             &[claim(&east, Some("cluster-e")), claim(&north, Some("east"))],
-            true,
+            Some(&none()),
         );
         assert_eq!(g[&east], named("cluster-e"));
         assert_eq!(g[&north], named("east"));
         // north leaves: its name is free
-        h.settle(&[claim(&east, Some("cluster-e"))], true);
+        h.settle(&[claim(&east, Some("cluster-e"))], Some(&none()));
         assert_eq!(h.holder("east"), None);
     }
 
@@ -331,8 +364,8 @@ mod tests {
         );
         assert_ne!(was, now);
         let mut h = Holders::default();
-        h.settle(&[claim(&was, Some("east"))], true);
-        let g = h.settle(&[claim(&now, Some("east"))], true);
+        h.settle(&[claim(&was, Some("east"))], Some(&none()));
+        let g = h.settle(&[claim(&now, Some("east"))], Some(&none()));
         assert_eq!(g[&now], named("east"), "the first one is not read any more");
         assert_eq!(
             now.to_string(),
