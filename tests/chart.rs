@@ -1272,7 +1272,10 @@ fn writes_in(rights: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BT
 async fn with_watch_namespaces_the_writer_writes_nowhere_else() {
     let kc = bed().await.kubeconfig.clone();
     let ns = namespace("chart-scoped").await;
-    let (w1, w2) = (namespace("chart-watched").await, namespace("chart-watched").await);
+    let (w1, w2) = (
+        namespace("chart-watched").await,
+        namespace("chart-watched").await,
+    );
     let outside = namespace("chart-unwatched").await;
     let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
     let watched = format!("watchNamespaces={{{},{}}}", w1.name, w2.name);
@@ -1304,17 +1307,35 @@ async fn with_watch_namespaces_the_writer_writes_nowhere_else() {
     let mut nowhere = BTreeMap::new();
     for other in ["kube-system", "default", outside.name.as_str()] {
         let has = granted(&kc, other, &writer);
-        assert_eq!(writes_in(&has), nowhere, "writes in {other}: {}", show(&has));
+        assert_eq!(
+            writes_in(&has),
+            nowhere,
+            "writes in {other}: {}",
+            show(&has)
+        );
         for res in ["services", "endpoints", "endpointslices.discovery.k8s.io"] {
-            assert_eq!(has.get(res), Some(&RO.iter().map(|v| v.to_string()).collect()));
+            assert_eq!(
+                has.get(res),
+                Some(&RO.iter().map(|v| v.to_string()).collect())
+            );
         }
     }
     // the release namespace: its Lease, the remote Secrets, Events about them; no follower write
     let release_rights = granted(&kc, &ns.name, &writer);
     nowhere.extend(writes_in(&needs).into_iter().filter(|(res, _)| {
-        ["leases.coordination.k8s.io", "secrets", "events.events.k8s.io"].contains(&res.as_str())
+        [
+            "leases.coordination.k8s.io",
+            "secrets",
+            "events.events.k8s.io",
+        ]
+        .contains(&res.as_str())
     }));
-    assert_eq!(writes_in(&release_rights), nowhere, "{}", show(&release_rights));
+    assert_eq!(
+        writes_in(&release_rights),
+        nowhere,
+        "{}",
+        show(&release_rights)
+    );
 
     // and that is enough to mirror into a watched namespace
     let dir = tempfile::tempdir().unwrap();
@@ -1435,7 +1456,10 @@ async fn the_network_policy_admits_only_the_given_peers_on_the_admin_port() {
     let [p] = &open[..] else {
         panic!("one NetworkPolicy: {open:?}")
     };
-    assert_eq!(p["spec"]["policyTypes"], serde_yaml::to_value(["Ingress"]).unwrap());
+    assert_eq!(
+        p["spec"]["policyTypes"],
+        serde_yaml::to_value(["Ingress"]).unwrap()
+    );
     assert_eq!(
         p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
         "cross-cluster-controller"
@@ -1465,7 +1489,15 @@ async fn the_network_policy_admits_only_the_given_peers_on_the_admin_port() {
         std::fs::write(&file, serde_yaml::to_string(p).unwrap()).unwrap();
         run(Command::new(tool("kubectl"))
             .env("KUBECONFIG", &kc)
-            .args(["--context", LOCAL, "apply", "--dry-run=server", "-n", &ns.name, "-f"])
+            .args([
+                "--context",
+                LOCAL,
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &ns.name,
+                "-f",
+            ])
             .arg(&file));
     }
 }

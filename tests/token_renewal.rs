@@ -129,20 +129,24 @@ async fn first_outcome(d: &Daemon, remote: &str) -> (f64, f64) {
 
 /// The CredentialRenewalFailed Event on Secret `name`, with its note.
 async fn failure_event(events: &Api<Event>, name: &str) -> String {
-    eventually(&format!("CredentialRenewalFailed on {name}"), WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("CredentialRenewalFailed")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
-            .and_then(|e| e.note.clone())
-            .ok_or_else(|| format!("{} Events", list.items.len()))
-    })
+    eventually(
+        &format!("CredentialRenewalFailed on {name}"),
+        WAIT,
+        || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("CredentialRenewalFailed")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .and_then(|e| e.note.clone())
+                .ok_or_else(|| format!("{} Events", list.items.len()))
+        },
+    )
     .await
 }
 
@@ -158,7 +162,9 @@ async fn a_hostile_token_request_answer_leaves_the_secret_byte_identical() {
     let cases: Vec<(&str, String, &str)> = vec![
         (
             "inject",
-            format!("{good}\n    exec:\n      command: /bin/sh\n      apiVersion: client.authentication.k8s.io/v1"),
+            format!(
+                "{good}\n    exec:\n      command: /bin/sh\n      apiVersion: client.authentication.k8s.io/v1"
+            ),
             "not a JWT",
         ),
         ("not-a-jwt", "hostile-static-token".into(), "not a JWT"),
@@ -227,7 +233,10 @@ async fn a_hostile_token_request_answer_leaves_the_secret_byte_identical() {
         };
         let (renewed, failed) = first_outcome(&d, name).await;
         let server = &servers.iter().find(|(n, _)| n == name).expect("server").1;
-        assert!(asked(server) >= 1, "{name}: the TokenRequest was never sent");
+        assert!(
+            asked(server) >= 1,
+            "{name}: the TokenRequest was never sent"
+        );
         let after = fingerprint(&secrets.get(name).await.unwrap());
         if after != before[*name] {
             changed.push(format!("Secret {name}"));
@@ -239,7 +248,10 @@ async fn a_hostile_token_request_answer_leaves_the_secret_byte_identical() {
         let note = failure_event(&events, name).await;
         assert!(note.contains(why), "{name}: {note}");
     }
-    assert!(changed.is_empty(), "changed by a hostile token: {changed:?}");
+    assert!(
+        changed.is_empty(),
+        "changed by a hostile token: {changed:?}"
+    );
     let logs = d.logs();
     assert!(
         !logs.contains("\n    exec:\n"),

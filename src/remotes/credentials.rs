@@ -28,6 +28,7 @@ use secrecy::ExposeSecret;
 use tracing::{info, warn};
 
 use crate::reconcile::worker::Controller;
+use crate::runtime::admin::detail;
 use crate::runtime::metrics::ByRemoteOutcome;
 use crate::state::{Member, Origin};
 
@@ -48,7 +49,10 @@ pub use crate::state::Credential;
 
 /// The user of a kubeconfig's current context (else of its only context).
 pub fn user_of(kc: &Kubeconfig) -> Option<&AuthInfo> {
-    kc.auth_infos.get(current_user_index(kc)?)?.auth_info.as_ref()
+    kc.auth_infos
+        .get(current_user_index(kc)?)?
+        .auth_info
+        .as_ref()
 }
 
 /// The index in `users` of the user of a kubeconfig's current context (else of its only one).
@@ -283,7 +287,10 @@ fn current_user(doc: &serde_yaml::Value) -> Result<String, Unfit> {
         .get("contexts")
         .and_then(serde_yaml::Value::as_sequence)
         .ok_or_else(|| rewrite("it has no contexts"))?;
-    let context = match doc.get("current-context").and_then(serde_yaml::Value::as_str) {
+    let context = match doc
+        .get("current-context")
+        .and_then(serde_yaml::Value::as_str)
+    {
         Some(cur) => contexts.iter().find(|c| name_of(c) == Some(cur)),
         None if contexts.len() == 1 => contexts.first(),
         None => None,
@@ -511,7 +518,7 @@ impl Renewer {
         let minted: TokenRequest = tokio::time::timeout(self.timeout, sent)
             .await
             .map_err(|_| RenewError::Remote(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| RenewError::Remote(crate::error::chain(&e)))?;
+            .map_err(|e| RenewError::Remote(detail(&crate::error::chain(&e))))?;
         minted
             .status
             .map(|s| s.token)
@@ -736,9 +743,15 @@ mod tests {
     fn a_minted_token_is_a_jwt_of_the_expected_account() {
         let good = jwt(json!({"sub": SA, "exp": 1_800_000_600, "iat": 1_800_000_000}));
         let c = check_minted(&good, SA).unwrap();
-        assert_eq!(c.expiry, Some(Timestamp::from_second(1_800_000_600).unwrap()));
+        assert_eq!(
+            c.expiry,
+            Some(Timestamp::from_second(1_800_000_600).unwrap())
+        );
         let b = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
-        let (head, body) = (b(r#"{"alg":"RS256"}"#), b(&json!({ "sub": SA }).to_string()));
+        let (head, body) = (
+            b(r#"{"alg":"RS256"}"#),
+            b(&json!({ "sub": SA }).to_string()),
+        );
         let not_jwt = [
             format!("{good}\n    exec: {{command: /bin/sh}}"),
             format!("{good}\"\n  exec: x"),
@@ -801,10 +814,19 @@ mod tests {
             ("not: [yaml", "not one YAML document"),
             ("a: 1\n---\nb: 2\n", "not one YAML document"),
             ("users: []\n", "no contexts"),
-            (&KC.replace("current-context: east", "current-context: gone"), "no current context"),
+            (
+                &KC.replace("current-context: east", "current-context: gone"),
+                "no current context",
+            ),
             (&KC.replace("user: r}", "namespace: x}"), "names no user"),
-            (&KC.replace("- name: other", "- name: r"), "not in it exactly once"),
-            (&KC.replace("{token: old.tok.en}", "{client-key-data: eA==}"), "has no token"),
+            (
+                &KC.replace("- name: other", "- name: r"),
+                "not in it exactly once",
+            ),
+            (
+                &KC.replace("{token: old.tok.en}", "{client-key-data: eA==}"),
+                "has no token",
+            ),
         ];
         for (text, why) in cases {
             let e = with_token(text, "new.tok.en").unwrap_err().to_string();
@@ -814,8 +836,10 @@ mod tests {
 
     fn secret_of(text: &str) -> Secret {
         let data = base64::engine::general_purpose::STANDARD.encode(text);
-        serde_json::from_value(json!({"metadata": {"name": "east-secret", "resourceVersion": "7"},
-                                      "data": {"kubeconfig": data}}))
+        serde_json::from_value(
+            json!({"metadata": {"name": "east-secret", "resourceVersion": "7"},
+                                      "data": {"kubeconfig": data}}),
+        )
         .unwrap()
     }
 

@@ -155,7 +155,10 @@ mod tests {
 
     #[test]
     fn a_detail_is_one_line_of_at_most_its_bound() {
-        assert_eq!(detail("east: connection refused"), "east: connection refused");
+        assert_eq!(
+            detail("east: connection refused"),
+            "east: connection refused"
+        );
         let forged = "x\nremote west: synced\r\n\u{1b}[2J\u{202e}evil\u{2028}\u{0}";
         let shown = detail(forged);
         assert_eq!(
@@ -183,7 +186,9 @@ mod tests {
         };
         let resp = readyz(State(Arc::new(state))).await.into_response();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
         let body = String::from_utf8(body.to_vec()).unwrap();
         let lines: Vec<&str> = body.lines().collect();
         // no line forged: the remote's text is inside its own one line
