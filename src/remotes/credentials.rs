@@ -349,7 +349,8 @@ pub fn renewed_secret(s: &Secret, token: &str, allowed_exec: &[String]) -> Resul
         .and_then(|i| want.auth_infos.get_mut(i)?.auth_info.as_mut())
         .ok_or_else(|| rewrite("its current context names no user"))?;
     user.token = Some(token.to_string().into());
-    if serde_json::to_value(&want).ok() != serde_json::to_value(&new).ok() {
+    let (want, new) = (serde_json::to_value(&want), serde_json::to_value(&new));
+    if !matches!((&want, &new), (Ok(a), Ok(b)) if a == b) {
         return Err(rewrite("the result differs in more than the token"));
     }
     let mut s = s.clone();
