@@ -1294,15 +1294,29 @@ async fn with_watch_namespaces_the_writer_writes_nowhere_else() {
     ]));
     let writer = format!("system:serviceaccount:{}:{release}", ns.name);
     let needs = writer_needs();
+    // the writes there are the followers', their Events', and no more (reads: whatever the
+    // ClusterRole reads everywhere)
     let in_watched = rules(&[
-        ("endpoints", RW),
-        ("endpointslices.discovery.k8s.io", RW),
+        ("endpoints", &["create", "delete", "update"]),
+        (
+            "endpointslices.discovery.k8s.io",
+            &["create", "delete", "update"],
+        ),
         ("events.events.k8s.io", &["create", "patch"]),
-        ("namespaces", RO),
-        ("services", RW),
+        ("services", &["create", "delete", "update"]),
     ]);
+    let rw: BTreeSet<String> = RW.iter().map(|v| v.to_string()).collect();
     for w in [&w1.name, &w2.name] {
-        assert_eq!(granted(&kc, w, &writer), in_watched, "the writer in {w}");
+        let has = granted(&kc, w, &writer);
+        assert_eq!(
+            writes_in(&has),
+            in_watched,
+            "the writer in {w}: {}",
+            show(&has)
+        );
+        for res in ["services", "endpoints", "endpointslices.discovery.k8s.io"] {
+            assert_eq!(has.get(res), Some(&rw), "{res} in {w}");
+        }
     }
     let mut nowhere = BTreeMap::new();
     for other in ["kube-system", "default", outside.name.as_str()] {
