@@ -192,11 +192,24 @@ mod tests {
         let body = String::from_utf8(body.to_vec()).unwrap();
         let lines: Vec<&str> = body.lines().collect();
         // no line forged: the remote's text is inside its own one line
-        assert!(!lines.iter().any(|l| l.starts_with("remote west")), "{body}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("remote west")),
+            "{body}"
+        );
         assert!(!lines.contains(&"local followers: synced"), "{body}");
-        assert!(lines[0].starts_with("Secret fair-system/east\\r\\nlocal followers"), "{body}");
-        assert!(lines[0].contains(": refused\\nremote west: synced\\nxxx"), "{body}");
-        assert!(lines[0].len() < 2 * (DETAIL_MAX + 3) + 2, "{}", lines[0].len());
+        assert!(
+            lines[0].starts_with("Secret fair-system/east\\r\\nlocal followers"),
+            "{body}"
+        );
+        assert!(
+            lines[0].contains(": refused\\nremote west: synced\\nxxx"),
+            "{body}"
+        );
+        assert!(
+            lines[0].len() < 2 * (DETAIL_MAX + 3) + 2,
+            "{}",
+            lines[0].len()
+        );
         assert!(lines.contains(&"local followers: not synced"), "{body}");
     }
 }
