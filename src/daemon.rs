@@ -162,9 +162,9 @@ fn remote_tasks(
     let renewer = credentials::Renewer::new(
         Arc::clone(ctl),
         &config.lease.namespace,
-        config.renew_before,
-        config.remotes.api_timeout,
+        (config.renew_before, config.remotes.api_timeout),
         config.reconcile.dry_run,
+        config.remotes.client.allow_exec.clone(),
     );
     sup.spawn_until_shutdown("remote token renewal", renewer.run());
     gauges::spawn(sup, ctl);

@@ -18,7 +18,8 @@ use serde_json::json;
 use support::daemon::{BIN, Daemon, with_args};
 use support::tools::{CHART, helm, run, template, tool};
 use support::{
-    LOCAL, REMOTE, bed, client, eventually, exported, namespace, obj, ports_are, present, repo_root,
+    LOCAL, REMOTE, bed, client, eventually, exported, namespace, namespace_in, obj, ports_are,
+    present, repo_root,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1231,4 +1232,286 @@ async fn the_charts_identities_are_granted_exactly_what_the_daemon_uses() {
         "--namespace",
         &ns.name,
     ]));
+}
+
+/// The verbs that change something.
+const WRITES: &[&str] = &[
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "escalate",
+    "bind",
+    "impersonate",
+    "*",
+];
+
+/// `rights` without the verbs that only read.
+fn writes_in(rights: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    rights
+        .iter()
+        .filter_map(|(res, verbs)| {
+            let w: BTreeSet<String> = verbs
+                .iter()
+                .filter(|v| WRITES.contains(&v.as_str()))
+                .cloned()
+                .collect();
+            (!w.is_empty()).then(|| (res.clone(), w))
+        })
+        .collect()
+}
+
+/// With `watchNamespaces`, the chart's writer may write followers, their Events (and nothing
+/// else) only in the watched namespaces: `kubectl auth can-i --list` shows no write verb in
+/// kube-system, default or an unwatched namespace, and in the release namespace only its Lease,
+/// Secrets and Events. Reads stay cluster-wide (the follower watches of several namespaces are
+/// one cluster-wide watch each). A daemon with exactly that token mirrors into a watched
+/// namespace (create, update, delete, an Event), and nothing it sends is forbidden.
+#[tokio::test]
+async fn with_watch_namespaces_the_writer_writes_nowhere_else() {
+    let kc = bed().await.kubeconfig.clone();
+    let ns = namespace("chart-scoped").await;
+    let (w1, w2) = (
+        namespace("chart-watched").await,
+        namespace("chart-watched").await,
+    );
+    let outside = namespace("chart-unwatched").await;
+    let release = format!("cross-cluster-controller-{}", &ns.name[ns.name.len() - 8..]);
+    let watched = format!("watchNamespaces={{{},{}}}", w1.name, w2.name);
+    run(helm(&kc).args([
+        "install",
+        &release,
+        CHART,
+        "--kube-context",
+        LOCAL,
+        "--namespace",
+        &ns.name,
+        "--set",
+        "remoteKubeconfig.existingSecret=remote-kubeconfig",
+        "--set",
+        &watched,
+    ]));
+    let writer = format!("system:serviceaccount:{}:{release}", ns.name);
+    let needs = writer_needs();
+    // the writes there are the followers', their Events', and no more (reads: whatever the
+    // ClusterRole reads everywhere)
+    let in_watched = rules(&[
+        ("endpoints", &["create", "delete", "update"]),
+        (
+            "endpointslices.discovery.k8s.io",
+            &["create", "delete", "update"],
+        ),
+        ("events.events.k8s.io", &["create", "patch"]),
+        ("services", &["create", "delete", "update"]),
+    ]);
+    let rw: BTreeSet<String> = RW.iter().map(|v| v.to_string()).collect();
+    for w in [&w1.name, &w2.name] {
+        let has = granted(&kc, w, &writer);
+        assert_eq!(
+            writes_in(&has),
+            in_watched,
+            "the writer in {w}: {}",
+            show(&has)
+        );
+        for res in ["services", "endpoints", "endpointslices.discovery.k8s.io"] {
+            assert_eq!(has.get(res), Some(&rw), "{res} in {w}");
+        }
+    }
+    let mut nowhere = BTreeMap::new();
+    for other in ["kube-system", "default", outside.name.as_str()] {
+        let has = granted(&kc, other, &writer);
+        assert_eq!(
+            writes_in(&has),
+            nowhere,
+            "writes in {other}: {}",
+            show(&has)
+        );
+        for res in ["services", "endpoints", "endpointslices.discovery.k8s.io"] {
+            assert_eq!(
+                has.get(res),
+                Some(&RO.iter().map(|v| v.to_string()).collect())
+            );
+        }
+    }
+    // the release namespace: its Lease, the remote Secrets, Events about them; no follower write
+    let release_rights = granted(&kc, &ns.name, &writer);
+    nowhere.extend(writes_in(&needs).into_iter().filter(|(res, _)| {
+        [
+            "leases.coordination.k8s.io",
+            "secrets",
+            "events.events.k8s.io",
+        ]
+        .contains(&res.as_str())
+    }));
+    assert_eq!(
+        writes_in(&release_rights),
+        nowhere,
+        "{}",
+        show(&release_rights)
+    );
+
+    // and that is enough to mirror into a watched namespace
+    let dir = tempfile::tempdir().unwrap();
+    let local_kc = token_kubeconfig(LOCAL, &ns.name, &release, dir.path()).await;
+    let args: Vec<String> = [
+        "--devmode",
+        "--namespace",
+        &ns.name,
+        "--lease-name",
+        &release,
+        "--watch-namespace",
+        &format!("{},{}", w1.name, w2.name),
+        "--cluster-name",
+        REMOTE,
+        "--remote-context",
+        REMOTE,
+        "--lease-duration-seconds",
+        "6",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let d = Daemon::start_with_env(&args, &[("KUBECONFIG", &local_kc.to_string_lossy())]).await;
+    d.wait_synced(&[REMOTE]).await;
+    let east: Api<Service> = Api::namespaced(client(REMOTE).await, &w1.name);
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &w1.name);
+    let pp = PostParams::default();
+    west.create(
+        &pp,
+        &obj(json!({"metadata": {"name": "shadow"}, "spec": {"ports": [{"port": 5432}]}})),
+    )
+    .await
+    .unwrap();
+    east.create(&pp, &exported("web", 80)).await.unwrap();
+    east.create(&pp, &exported("shadow", 80)).await.unwrap();
+    eventually("the follower", WAIT, || present(&west, "web")).await;
+    east.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 81}]}})),
+    )
+    .await
+    .unwrap();
+    eventually("the follower updated", WAIT, || {
+        ports_are(&west, "web", &[81])
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client(LOCAL).await, &w1.name);
+    eventually("the NotOurFollower Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NotOurFollower"))
+            .then_some(())
+            .ok_or_else(|| format!("{} events", list.items.len()))
+    })
+    .await;
+    east.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually("the follower deleted", WAIT, || {
+        support::absent(&west, "web")
+    })
+    .await;
+    let logs = d.logs();
+    assert!(
+        !logs.to_lowercase().contains("forbidden"),
+        "a request was refused:\n{logs}"
+    );
+    drop(d);
+    support::fault::conclude(
+        support::fault::Report {
+            id: "75-security-rbac-watched",
+            scenario: "The chart with watchNamespaces: where its writer may write (kubectl auth can-i --list)",
+            done: "helm install with two watched namespaces; can-i --list in each, in kube-system, default, an unwatched namespace and the release namespace; a daemon with only the writer's token created, updated and deleted a follower in a watched namespace and recorded an Event",
+            converge: None,
+            note: format!(
+                "watched: {}; kube-system, default, unwatched: no write verb; release namespace: {}",
+                show(&in_watched),
+                show(&writes_in(&release_rights))
+            ),
+        },
+        &support::fault::Lost::nothing_to_lose(),
+        &[],
+    );
+    run(helm(&kc).args([
+        "uninstall",
+        &release,
+        "--kube-context",
+        LOCAL,
+        "--namespace",
+        &ns.name,
+    ]));
+}
+
+/// `networkPolicy.enabled`: ingress to the controller's pods only on the admin port and only
+/// from `networkPolicy.from`; with no `from`, none at all. Off by default. The API server
+/// accepts both (a server-side dry run).
+#[tokio::test]
+async fn the_network_policy_admits_only_the_given_peers_on_the_admin_port() {
+    let kc = bed().await.kubeconfig.clone();
+    let ns = namespace_in("chart-netpol", &[LOCAL]).await;
+    let policies = |sets: &[&str]| -> Vec<serde_yaml::Value> {
+        let mut all = vec!["remoteKubeconfig.existingSecret=x"];
+        all.extend(sets);
+        let docs = support::tools::documents(
+            &support::tools::template_text(&kc, &ns.name, &all).expect("render"),
+        );
+        docs.into_iter()
+            .filter(|d| d["kind"] == "NetworkPolicy")
+            .collect()
+    };
+    assert!(policies(&[]).is_empty(), "off by default");
+    let from = "networkPolicy.from[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring";
+    let open = policies(&["networkPolicy.enabled=true", from, "adminPort=9090"]);
+    let [p] = &open[..] else {
+        panic!("one NetworkPolicy: {open:?}")
+    };
+    assert_eq!(
+        p["spec"]["policyTypes"],
+        serde_yaml::to_value(["Ingress"]).unwrap()
+    );
+    assert_eq!(
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "cross-cluster-controller"
+    );
+    let ingress = p["spec"]["ingress"].as_sequence().expect("ingress");
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_yaml::to_value(json!([{"protocol": "TCP", "port": 9090}])).unwrap()
+    );
+    assert_eq!(
+        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    let closed = policies(&["networkPolicy.enabled=true"]);
+    assert_eq!(
+        closed[0]["spec"]["ingress"],
+        serde_yaml::to_value(Vec::<u8>::new()).unwrap(),
+        "no `from`: no ingress"
+    );
+    let err = support::tools::template_text(&kc, &ns.name, &["networkPolicy.from[0].pods=x"])
+        .unwrap_err();
+    assert!(err.contains("networkPolicy"), "{err}");
+    for p in [&open[0], &closed[0]] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("netpol.yaml");
+        std::fs::write(&file, serde_yaml::to_string(p).unwrap()).unwrap();
+        run(Command::new(tool("kubectl"))
+            .env("KUBECONFIG", &kc)
+            .args([
+                "--context",
+                LOCAL,
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &ns.name,
+                "-f",
+            ])
+            .arg(&file));
+    }
 }

@@ -28,6 +28,7 @@ use secrecy::ExposeSecret;
 use tracing::{info, warn};
 
 use crate::reconcile::worker::Controller;
+use crate::runtime::admin::detail;
 use crate::runtime::metrics::ByRemoteOutcome;
 use crate::state::{Member, Origin};
 
@@ -48,18 +49,21 @@ pub use crate::state::Credential;
 
 /// The user of a kubeconfig's current context (else of its only context).
 pub fn user_of(kc: &Kubeconfig) -> Option<&AuthInfo> {
+    kc.auth_infos
+        .get(current_user_index(kc)?)?
+        .auth_info
+        .as_ref()
+}
+
+/// The index in `users` of the user of a kubeconfig's current context (else of its only one).
+fn current_user_index(kc: &Kubeconfig) -> Option<usize> {
     let ctx = match &kc.current_context {
         Some(name) => kc.contexts.iter().find(|c| &c.name == name),
         None if kc.contexts.len() == 1 => kc.contexts.first(),
         None => None,
     }?;
-    let user = &ctx.context.as_ref()?.user;
-    let user = user.as_deref()?;
-    kc.auth_infos
-        .iter()
-        .find(|a| a.name == user)?
-        .auth_info
-        .as_ref()
+    let user = ctx.context.as_ref()?.user.as_deref()?;
+    kc.auth_infos.iter().position(|a| a.name == user)
 }
 
 /// Pure: what a user's inline credentials say (a token that is no JWT, or a certificate that
@@ -198,10 +202,166 @@ fn is_dns_subdomain(s: &str) -> bool {
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
-/// Pure: the kubeconfig text with its one occurrence of `old` replaced by `new` (everything
-/// else byte for byte as it was), or None when `old` is not there exactly once.
-pub fn with_token(text: &str, old: &str, new: &str) -> Option<String> {
-    (!old.is_empty() && text.matches(old).count() == 1).then(|| text.replacen(old, new, 1))
+/// The longest token accepted from a remote's TokenRequest (a ServiceAccount token is about
+/// 1 KiB; anything near this bound is no token the API server minted for us).
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+/// Why a token a remote minted, or the kubeconfig it would make, is refused. The remote's
+/// answer is untrusted: what of it shows here is quoted and bounded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Unfit {
+    #[error("the minted token is refused: not a JWT ({0})")]
+    NotJwt(&'static str),
+    #[error("the minted token is refused: its subject is {found}, not {want:?}")]
+    WrongSubject { found: String, want: String },
+    #[error("the kubeconfig cannot be rewritten: {0}")]
+    Rewrite(String),
+    #[error("the rewritten kubeconfig is refused: {0}")]
+    Policy(#[from] crate::client::policy::Refusal),
+}
+
+fn is_base64url(segment: &str) -> bool {
+    !segment.is_empty()
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn json_object(segment: &str) -> Option<serde_json::Value> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(segment)
+        .ok()?;
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .filter(serde_json::Value::is_object)
+}
+
+/// A remote's text, quoted (control characters escaped) and cut to 80 characters.
+fn quoted(s: &str) -> String {
+    let cut: String = s.chars().take(80).collect();
+    let more = if cut.len() < s.len() { "..." } else { "" };
+    format!("{cut:?}{more}")
+}
+
+/// Pure: what a minted token says, when it is a well-formed JWT (three base64url segments; the
+/// header and the payload JSON objects; at most [`MAX_TOKEN_BYTES`]) whose `sub` is `want`
+/// (`system:serviceaccount:<namespace>:<name>`). The signature is not verified: the remote's
+/// API server does that on every request.
+pub fn check_minted(token: &str, want: &str) -> Result<Credential, Unfit> {
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(Unfit::NotJwt("longer than 16 KiB"));
+    }
+    let parts: Vec<&str> = token.split('.').collect();
+    let [header, payload, signature] = parts[..] else {
+        return Err(Unfit::NotJwt("not three segments separated by dots"));
+    };
+    if !parts.iter().all(|p| is_base64url(p)) {
+        return Err(Unfit::NotJwt("a segment is not base64url"));
+    }
+    json_object(header).ok_or(Unfit::NotJwt("its header is not a JSON object"))?;
+    let claims = json_object(payload).ok_or(Unfit::NotJwt("its payload is not a JSON object"))?;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(signature)
+        .map_err(|_| Unfit::NotJwt("its signature is not base64url"))?;
+    let sub = claims.get("sub").and_then(serde_json::Value::as_str);
+    if sub != Some(want) {
+        return Err(Unfit::WrongSubject {
+            found: sub.map_or_else(|| "missing".into(), quoted),
+            want: want.to_string(),
+        });
+    }
+    jwt_claims(token).ok_or(Unfit::NotJwt("its claims do not parse"))
+}
+
+fn rewrite(why: impl Into<String>) -> Unfit {
+    Unfit::Rewrite(why.into())
+}
+
+fn name_of(v: &serde_yaml::Value) -> Option<&str> {
+    v.get("name").and_then(serde_yaml::Value::as_str)
+}
+
+/// The name of the user of a kubeconfig document's current context (else of its only one).
+fn current_user(doc: &serde_yaml::Value) -> Result<String, Unfit> {
+    let contexts = doc
+        .get("contexts")
+        .and_then(serde_yaml::Value::as_sequence)
+        .ok_or_else(|| rewrite("it has no contexts"))?;
+    let context = match doc
+        .get("current-context")
+        .and_then(serde_yaml::Value::as_str)
+    {
+        Some(cur) => contexts.iter().find(|c| name_of(c) == Some(cur)),
+        None if contexts.len() == 1 => contexts.first(),
+        None => None,
+    }
+    .ok_or_else(|| rewrite("it has no current context"))?;
+    context
+        .get("context")
+        .and_then(|c| c.get("user"))
+        .and_then(serde_yaml::Value::as_str)
+        .map(String::from)
+        .ok_or_else(|| rewrite("its current context names no user"))
+}
+
+/// Pure: the kubeconfig text with the token of its current context's user set to `token`. The
+/// YAML is parsed, that one field set, and the document serialized again (never spliced as
+/// text, so no token can add YAML of its own); comments and layout are not kept.
+pub fn with_token(text: &str, token: &str) -> Result<String, Unfit> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(text)
+        .map_err(|e| rewrite(format!("not one YAML document: {}", one_line(e))))?;
+    let user = current_user(&doc)?;
+    let users = doc
+        .get_mut("users")
+        .and_then(serde_yaml::Value::as_sequence_mut)
+        .ok_or_else(|| rewrite("it has no users"))?;
+    let mut named = users
+        .iter_mut()
+        .filter(|u| name_of(u) == Some(user.as_str()));
+    let (Some(entry), None) = (named.next(), named.next()) else {
+        return Err(rewrite(format!("user {user:?} is not in it exactly once")));
+    };
+    let fields = entry
+        .get_mut("user")
+        .and_then(serde_yaml::Value::as_mapping_mut)
+        .filter(|f| f.contains_key("token"))
+        .ok_or_else(|| rewrite(format!("user {user:?} has no token")))?;
+    fields.insert("token".into(), token.into());
+    serde_yaml::to_string(&doc).map_err(|e| rewrite(one_line(e)))
+}
+
+fn one_line(e: impl std::fmt::Display) -> String {
+    e.to_string().replace('\n', " ")
+}
+
+/// Pure: the Secret as a renewal writes it: its kubeconfig rewritten by [`with_token`], then
+/// checked as a Secret's kubeconfig is before any client is built (`client::policy`), and
+/// proven to differ from the one read in nothing but its current user's token.
+pub fn renewed_secret(s: &Secret, token: &str, allowed_exec: &[String]) -> Result<Secret, Unfit> {
+    let text = crate::remotes::remote_secret::kubeconfig_text(s).map_err(rewrite)?;
+    let old = Kubeconfig::from_yaml(&text).map_err(|e| rewrite(one_line(e)))?;
+    let new_text = with_token(&text, token)?;
+    let new = Kubeconfig::from_yaml(&new_text)
+        .map_err(|e| rewrite(format!("the result does not parse: {}", one_line(e))))?;
+    crate::client::policy::check(&new, allowed_exec)?;
+    let mut want = old;
+    let user = current_user_index(&want)
+        .and_then(|i| want.auth_infos.get_mut(i)?.auth_info.as_mut())
+        .ok_or_else(|| rewrite("its current context names no user"))?;
+    user.token = Some(token.to_string().into());
+    let (want, new) = (serde_json::to_value(&want), serde_json::to_value(&new));
+    if !matches!((&want, &new), (Ok(a), Ok(b)) if a == b) {
+        return Err(rewrite("the result differs in more than the token"));
+    }
+    let mut s = s.clone();
+    s.data.get_or_insert_with(BTreeMap::new).insert(
+        crate::remotes::remote_secret::DATA_KEY.into(),
+        ByteString(new_text.into_bytes()),
+    );
+    s.string_data = None;
+    s.metadata.managed_fields = None;
+    crate::remotes::remote_secret::read_secret(&s).map_err(rewrite)?;
+    Ok(s)
 }
 
 /// What a renewal did.
@@ -220,6 +380,8 @@ pub enum RenewError {
     Refused(String),
     #[error("remote TokenRequest: {0}")]
     Remote(String),
+    #[error(transparent)]
+    Unfit(#[from] Unfit),
     #[error("writing the Secret back: {0}")]
     Local(#[from] crate::error::Error),
 }
@@ -232,6 +394,8 @@ pub struct Renewer {
     timeout: Duration,
     /// a dry run renews nothing (it would write the Secret)
     dry_run: bool,
+    /// exec commands a remote Secret's kubeconfig may run (the policy a renewed one passes)
+    allowed_exec: Vec<String>,
     /// remote -> (earliest next attempt, current back-off)
     backoff: BTreeMap<String, (Timestamp, Duration)>,
     /// remote -> the Secret hash a renewal was written from (not renewed again until rotated)
@@ -240,13 +404,14 @@ pub struct Renewer {
 
 impl Renewer {
     /// Renews the tokens of Secret remotes (in `namespace`, the daemon's) `before` they expire;
-    /// a dry run renews nothing.
+    /// a dry run renews nothing. A renewed kubeconfig passes the Secret policy with
+    /// `allowed_exec`, as the Secret's did.
     pub fn new(
         ctl: Arc<Controller>,
         namespace: &str,
-        before: RenewBefore,
-        timeout: Duration,
+        (before, timeout): (RenewBefore, Duration),
         dry_run: bool,
+        allowed_exec: Vec<String>,
     ) -> Self {
         Self {
             ctl,
@@ -254,6 +419,7 @@ impl Renewer {
             before,
             timeout,
             dry_run,
+            allowed_exec,
             backoff: BTreeMap::new(),
             written: BTreeMap::new(),
         }
@@ -307,7 +473,7 @@ impl Renewer {
     /// Reads the Secret, mints a token on the remote, writes it back.
     async fn renew(&self, m: &Member, secret: &str, hash: &str) -> Result<Renewed, RenewError> {
         let w = &self.ctl.ctx.writer;
-        let Some(mut s) = w.get::<Secret>(&self.namespace, secret).await? else {
+        let Some(s) = w.get::<Secret>(&self.namespace, secret).await? else {
             return Ok(Renewed::Nothing);
         };
         let c = crate::remotes::remote_secret::read_secret(&s).map_err(RenewError::Refused)?;
@@ -332,20 +498,10 @@ impl Renewer {
             )));
         }
         let token = self.mint(m, &r).await?;
-        let text =
-            crate::remotes::remote_secret::kubeconfig_text(&s).map_err(RenewError::Refused)?;
-        let new_text = with_token(&text, &old, &token).ok_or_else(|| {
-            RenewError::Refused("the token is not in its kubeconfig exactly once".into())
-        })?;
-        let data = s.data.get_or_insert_with(BTreeMap::new);
-        data.insert(
-            crate::remotes::remote_secret::DATA_KEY.into(),
-            ByteString(new_text.into_bytes()),
-        );
-        s.string_data = None;
-        s.metadata.managed_fields = None;
-        w.replace(&s).await?;
-        Ok(Renewed::Until(jwt_claims(&token).and_then(|c| c.expiry)))
+        let minted = check_minted(&token, &want)?;
+        let renewed = renewed_secret(&s, &token, &self.allowed_exec)?;
+        w.replace(&renewed).await?;
+        Ok(Renewed::Until(minted.expiry))
     }
 
     /// A new token of the Secret's ServiceAccount, asked for with the remote's current client.
@@ -363,7 +519,7 @@ impl Renewer {
         let minted: TokenRequest = tokio::time::timeout(self.timeout, sent)
             .await
             .map_err(|_| RenewError::Remote(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| RenewError::Remote(crate::error::chain(&e)))?;
+            .map_err(|e| RenewError::Remote(detail(&crate::error::chain(&e))))?;
         minted
             .status
             .map(|s| s.token)
@@ -582,20 +738,128 @@ mod tests {
         assert!(e.contains("10 minutes"), "{e}");
     }
 
+    const SA: &str = "system:serviceaccount:fair-system:reader";
+
     #[test]
-    fn the_new_token_replaces_the_old_one_and_nothing_else() {
-        let text = "users:\n- name: r\n  user:\n    token: \"old.tok.en\"\n";
+    fn a_minted_token_is_a_jwt_of_the_expected_account() {
+        let good = jwt(json!({"sub": SA, "exp": 1_800_000_600, "iat": 1_800_000_000}));
+        let c = check_minted(&good, SA).unwrap();
         assert_eq!(
-            with_token(text, "old.tok.en", "new.tok.en").as_deref(),
-            Some("users:\n- name: r\n  user:\n    token: \"new.tok.en\"\n")
+            c.expiry,
+            Some(Timestamp::from_second(1_800_000_600).unwrap())
         );
-        assert_eq!(
-            with_token("a: x\nb: x\n", "x", "y"),
-            None,
-            "twice: ambiguous"
+        let b = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let (head, body) = (
+            b(r#"{"alg":"RS256"}"#),
+            b(&json!({ "sub": SA }).to_string()),
         );
-        assert_eq!(with_token(text, "absent", "y"), None);
-        assert_eq!(with_token(text, "", "y"), None);
+        let not_jwt = [
+            format!("{good}\n    exec: {{command: /bin/sh}}"),
+            format!("{good}\"\n  exec: x"),
+            "static-token".into(),
+            format!("{head}.{body}"),
+            format!("{head}.{body}.c2ln.c2ln"),
+            format!("{head}.{body}."),
+            format!("{head}.{body}.c2l=n"),
+            format!("{head}.{body}.c2ln "),
+            format!("{}.{body}.c2ln", b("[1]")),
+            format!("{head}.{}.c2ln", b("not json")),
+            format!("{head}.{}.c2ln", b("\"a string\"")),
+            format!("{head}.{body}.{}", "A".repeat(MAX_TOKEN_BYTES)),
+        ];
+        for bad in not_jwt {
+            let e = check_minted(&bad, SA).unwrap_err();
+            assert!(matches!(e, Unfit::NotJwt(_)), "{bad:?}: {e}");
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        let other = jwt(json!({"sub": "system:serviceaccount:kube-system:admin"}));
+        let e = check_minted(&other, SA).unwrap_err();
+        assert!(e.to_string().contains("kube-system:admin"), "{e}");
+        let none = check_minted(&jwt(json!({"exp": 1})), SA).unwrap_err();
+        assert!(none.to_string().contains("missing"), "{none}");
+        // what the remote wrote is quoted and cut short in the message
+        let long = format!("x\ny{}", "z".repeat(500));
+        let e = check_minted(&jwt(json!({ "sub": long })), SA).unwrap_err();
+        let msg = e.to_string();
+        assert!(!msg.contains('\n') && msg.len() < 300, "{msg}");
+    }
+
+    const KC: &str = "apiVersion: v1\nkind: Config\n# a comment\nclusters:\n- name: east\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+        users:\n- name: other\n  user: {token: keep.this.one}\n- name: r\n  user: {token: old.tok.en}\n\
+        contexts:\n- name: x\n  context: {cluster: east, user: other}\n- name: east\n  context: {cluster: east, user: r}\ncurrent-context: east\n";
+
+    fn token_of(text: &str, user: &str) -> String {
+        let kc = Kubeconfig::from_yaml(text).unwrap();
+        let u = kc.auth_infos.iter().find(|a| a.name == user).unwrap();
+        let t = u.auth_info.as_ref().and_then(|a| a.token.as_ref()).unwrap();
+        t.expose_secret().to_string()
+    }
+
+    #[test]
+    fn the_new_token_is_set_as_yaml_on_the_current_user_only() {
+        let text = with_token(KC, "new.tok.en").unwrap();
+        assert_eq!(token_of(&text, "r"), "new.tok.en");
+        assert_eq!(token_of(&text, "other"), "keep.this.one");
+        // a token with YAML in it stays one string: it adds no field
+        let hostile = "a.b.c\n    exec: {command: /bin/sh}\nusers: []";
+        let text = with_token(KC, hostile).unwrap();
+        assert_eq!(token_of(&text, "r"), hostile);
+        let kc = Kubeconfig::from_yaml(&text).unwrap();
+        assert!(crate::client::policy::check(&kc, &[]).is_ok(), "{text}");
+        assert_eq!(kc.auth_infos.len(), 2);
+    }
+
+    #[test]
+    fn a_kubeconfig_without_one_current_user_with_a_token_is_not_rewritten() {
+        let cases = [
+            ("not: [yaml", "not one YAML document"),
+            ("a: 1\n---\nb: 2\n", "not one YAML document"),
+            ("users: []\n", "no contexts"),
+            (
+                &KC.replace("current-context: east", "current-context: gone"),
+                "no current context",
+            ),
+            (&KC.replace("user: r}", "namespace: x}"), "names no user"),
+            (
+                &KC.replace("- name: other", "- name: r"),
+                "not in it exactly once",
+            ),
+            (
+                &KC.replace("{token: old.tok.en}", "{client-key-data: eA==}"),
+                "has no token",
+            ),
+        ];
+        for (text, why) in cases {
+            let e = with_token(text, "new.tok.en").unwrap_err().to_string();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+    }
+
+    fn secret_of(text: &str) -> Secret {
+        let data = base64::engine::general_purpose::STANDARD.encode(text);
+        serde_json::from_value(
+            json!({"metadata": {"name": "east-secret", "resourceVersion": "7"},
+                                      "data": {"kubeconfig": data}}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_renewed_secret_differs_only_in_the_token_and_passes_the_policy() {
+        let token = jwt(json!({ "sub": SA }));
+        let s = renewed_secret(&secret_of(KC), &token, &[]).unwrap();
+        let text = crate::remotes::remote_secret::kubeconfig_text(&s).unwrap();
+        assert_eq!(token_of(&text, "r"), token);
+        assert_eq!(s.metadata.resource_version.as_deref(), Some("7"));
+        // a kubeconfig the policy refuses is not written back, whatever the token
+        let exec = KC.replace(
+            "{token: old.tok.en}",
+            "{token: old.tok.en, exec: {command: /bin/sh}}",
+        );
+        let e = renewed_secret(&secret_of(&exec), &token, &[]).unwrap_err();
+        assert!(matches!(e, Unfit::Policy(_)), "{e}");
+        let ok = renewed_secret(&secret_of(&exec), &token, &["/bin/sh".into()]);
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     mod renewal {
@@ -656,7 +920,8 @@ mod tests {
                 cancel: tokio_util::sync::CancellationToken::new(),
             };
             let before = RenewBefore::Percent(20);
-            let r = Renewer::new(ctl, "fair-system", before, Duration::from_secs(5), false);
+            let timing = (before, Duration::from_secs(5));
+            let r = Renewer::new(ctl, "fair-system", timing, false, vec![]);
             (r, member, api, tx)
         }
 

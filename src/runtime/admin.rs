@@ -1,5 +1,9 @@
 //! The admin server: /healthz (alive), /readyz (every cache has completed its first listing;
 //! the body says which are not), /metrics (Prometheus text).
+//!
+//! What /readyz repeats of the outside (remote names, error messages that remote API servers
+//! and Secrets write) is shown through [`detail`]: one line, cut to [`DETAIL_MAX`] characters,
+//! so that no remote can forge a line or flood the body.
 use std::sync::Arc;
 
 use axum::Router;
@@ -24,6 +28,37 @@ pub struct AdminState {
     pub mcs: Option<Arc<crate::state::McsLocal>>,
 }
 
+/// The longest detail (a name, a reason) /readyz repeats, in characters.
+pub const DETAIL_MAX: usize = 200;
+
+/// Pure: text from outside as /readyz shows it: control characters, line and paragraph
+/// separators and invisible format characters escaped (`\n`, `\u{202e}`), cut to
+/// [`DETAIL_MAX`] characters with `...` when longer.
+pub fn detail(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == DETAIL_MAX {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() || is_invisible(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Format characters (Unicode category Cf) and the line and paragraph separators: invisible,
+/// or able to reorder or break what a terminal shows.
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
+        | '\u{e0000}'..='\u{e007f}')
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -33,16 +68,17 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let mut ready = true;
     for r in s.remotes.states() {
         match r.problem() {
-            None => lines.push(format!("remote {}: synced", r.name)),
+            None => lines.push(format!("remote {}: synced", detail(&r.name))),
             Some(why) => {
                 ready = false;
-                lines.push(format!("remote {}: not ready: {why}", r.name));
+                let (name, why) = (detail(&r.name), detail(&why));
+                lines.push(format!("remote {name}: not ready: {why}"));
             }
         }
     }
     for (source, why) in s.remotes.problems() {
         ready = false;
-        lines.push(format!("{source}: {why}"));
+        lines.push(format!("{}: {}", detail(&source), detail(&why)));
     }
     match s.local.networks.problem() {
         None => {
@@ -51,7 +87,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
                 "local networks: listed ({addresses} addresses, {nets} networks no remote may claim)"
             ));
         }
-        Some(why) => lines.push(format!("local networks: not listed: {why}")),
+        Some(why) => lines.push(format!("local networks: not listed: {}", detail(&why))),
     }
     let ok = s.local.ready();
     ready &= ok;
@@ -64,7 +100,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             None => lines.push("local MCS: synced".into()),
             Some(why) => {
                 ready = false;
-                lines.push(format!("local MCS: not ready: {why}"));
+                lines.push(format!("local MCS: not ready: {}", detail(&why)));
             }
         }
     }
@@ -111,4 +147,69 @@ pub fn spawn(sup: &Supervisor, listener: tokio::net::TcpListener, state: AdminSt
             admin_sup.fail(format!("admin server: {e}"));
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_is_one_line_of_at_most_its_bound() {
+        assert_eq!(
+            detail("east: connection refused"),
+            "east: connection refused"
+        );
+        let forged = "x\nremote west: synced\r\n\u{1b}[2J\u{202e}evil\u{2028}\u{0}";
+        let shown = detail(forged);
+        assert_eq!(
+            shown,
+            "x\\nremote west: synced\\r\\n\\u{1b}[2J\\u{202e}evil\\u{2028}\\u{0}"
+        );
+        assert!(!shown.contains(['\n', '\r', '\u{1b}', '\u{202e}', '\u{2028}']));
+        let long = "é".repeat(10_000);
+        let shown = detail(&long);
+        assert_eq!(shown.chars().count(), DETAIL_MAX + 3);
+        assert!(shown.ends_with("..."));
+        assert_eq!(detail(&"a".repeat(DETAIL_MAX)), "a".repeat(DETAIL_MAX));
+    }
+
+    #[tokio::test]
+    async fn readyz_repeats_remote_text_bounded_and_escaped() {
+        let remotes = Arc::new(Remotes::default());
+        let why = format!("refused\nremote west: synced\n{}", "x".repeat(1_000_000));
+        remotes.set_problem("Secret fair-system/east\r\nlocal followers: synced", why);
+        let state = AdminState {
+            metrics: Arc::new(Metrics::new()),
+            remotes,
+            local: Arc::new(LocalState::default()),
+            mcs: None,
+        };
+        let resp = readyz(State(Arc::new(state))).await.into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        let lines: Vec<&str> = body.lines().collect();
+        // no line forged: the remote's text is inside its own one line
+        assert!(
+            !lines.iter().any(|l| l.starts_with("remote west")),
+            "{body}"
+        );
+        assert!(!lines.contains(&"local followers: synced"), "{body}");
+        assert!(
+            lines[0].starts_with("Secret fair-system/east\\r\\nlocal followers"),
+            "{body}"
+        );
+        assert!(
+            lines[0].contains(": refused\\nremote west: synced\\nxxx"),
+            "{body}"
+        );
+        assert!(
+            lines[0].len() < 2 * (DETAIL_MAX + 3) + 2,
+            "{}",
+            lines[0].len()
+        );
+        assert!(lines.contains(&"local followers: not synced"), "{body}");
+    }
 }

@@ -2,7 +2,8 @@
 //! records what reached it: connections, the client certificates presented, and each request
 //! head (decrypted, so a bearer token read from a file would show in it). It serves with a bed
 //! cluster's own serving certificate (SAN 127.0.0.1), so a client that trusts that cluster's CA
-//! completes the handshake and sends its request; it answers every request 401.
+//! completes the handshake and sends its request; it answers every request 401, or what an
+//! [`Answer`] says (a small API server that behaves as a hostile remote would).
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +31,9 @@ pub struct Catcher {
     seen: Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// What to answer a request (its head: request line and headers): a status code and a JSON body.
+pub type Answer = Arc<dyn Fn(&str) -> (u16, String) + Send + Sync>;
 
 const UNAUTHORIZED: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"catcher","reason":"Unauthorized","code":401}"#;
 
@@ -61,6 +65,11 @@ impl Catcher {
     /// Listens on 127.0.0.1 (a free port) with the certificates in `pki` (a bed cluster's
     /// `serving.crt`, `serving.key` and `ca.crt`).
     pub async fn start(pki: &Path) -> Catcher {
+        Self::answering(pki, Arc::new(|_: &str| (401, UNAUTHORIZED.to_string()))).await
+    }
+
+    /// [`Catcher::start`], answering each request as `answer` says.
+    pub async fn answering(pki: &Path, answer: Answer) -> Catcher {
         let acceptor = TlsAcceptor::from(Arc::new(server_config(pki)));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
@@ -69,7 +78,8 @@ impl Catcher {
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 record.lock().expect("lock").connections += 1;
-                tokio::spawn(serve(acceptor.clone(), tcp, Arc::clone(&record)));
+                let answer = Arc::clone(&answer);
+                tokio::spawn(serve(acceptor.clone(), tcp, Arc::clone(&record), answer));
             }
         });
         Catcher { port, seen, task }
@@ -84,7 +94,12 @@ impl Catcher {
     }
 }
 
-async fn serve(acceptor: TlsAcceptor, tcp: tokio::net::TcpStream, record: Arc<Mutex<Seen>>) {
+async fn serve(
+    acceptor: TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    record: Arc<Mutex<Seen>>,
+    answer: Answer,
+) {
     let Ok(mut tls) = acceptor.accept(tcp).await else {
         return;
     };
@@ -93,22 +108,38 @@ async fn serve(acceptor: TlsAcceptor, tcp: tokio::net::TcpStream, record: Arc<Mu
         seen.client_certs
             .extend(certs.iter().take(1).map(|c| c.as_ref().to_vec()));
     }
-    let mut head = Vec::new();
+    let mut data = Vec::new();
     let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+    let end = |d: &[u8]| d.windows(4).position(|w| w == b"\r\n\r\n");
+    while end(&data).is_none() && data.len() < 65536 {
         match tls.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Ok(n) => data.extend_from_slice(&buf[..n]),
         }
     }
-    record
-        .lock()
-        .expect("lock")
-        .requests
-        .push(String::from_utf8_lossy(&head).into_owned());
+    let head_len = end(&data).map_or(data.len(), |e| e + 4);
+    let head = String::from_utf8_lossy(&data[..head_len]).into_owned();
+    // the body, read to its end before the answer (its length from the head)
+    let body_len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0)
+        .min(1 << 20);
+    while data.len() < head_len + body_len {
+        match tls.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+        }
+    }
+    record.lock().expect("lock").requests.push(head.clone());
+    let (code, body) = answer(&head);
     let reply = format!(
-        "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{UNAUTHORIZED}",
-        UNAUTHORIZED.len()
+        "HTTP/1.1 {code} Answer\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     let _ = tls.write_all(reply.as_bytes()).await;
     let _ = tls.shutdown().await;
