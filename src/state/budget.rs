@@ -32,8 +32,10 @@ pub struct Usage {
     pub bytes: u64,
 }
 
-impl Usage {
-    pub fn add(self, o: Usage) -> Usage {
+impl std::ops::Add for Usage {
+    type Output = Usage;
+
+    fn add(self, o: Usage) -> Usage {
         Usage {
             services: self.services + o.services,
             endpoints: self.endpoints + o.endpoints,

@@ -77,12 +77,11 @@ impl RemoteState {
         let services = self.services.read().held();
         let slices = self.slices.read().held();
         let foreign = self.foreign_slices.read().held();
-        Usage {
+        let services = Usage {
             services: services.objects as u64,
             ..of(services)
-        }
-        .add(of(slices))
-        .add(of(foreign))
+        };
+        services + of(slices) + of(foreign)
     }
 
     /// Judges its caches against its budget after a watch event; `seen` is the budget's epoch
