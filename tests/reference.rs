@@ -63,6 +63,7 @@ fn every_family() -> Metrics {
     let remote = ByRemote::new("REMOTE");
     m.followers.get_or_create(&remote).set(0);
     m.remote_up.get_or_create(&remote).set(0);
+    m.over_budget.get_or_create(&remote).set(0);
     m.since_list.get_or_create(&remote).set(0.0);
     m.credential_expiry.get_or_create(&remote).set(0);
     m.remote_stale.get_or_create(&remote).set(0);

@@ -169,6 +169,42 @@ pub struct Args {
     /// where the CNI gives nodes no pod CIDRs (CIDRs, comma-separated).
     #[arg(long, env = "LOCAL_CIDRS", default_value = "", value_parser = parse_cidrs)]
     pub local_cidrs: CidrList,
+
+    /// The largest response a remote's client reads (a list page, a Get), in bytes (suffixes Ki,
+    /// Mi, Gi); a larger one fails that request with an error on /readyz.
+    #[arg(long, env = "MAX_RESPONSE_BYTES", default_value = "32Mi", value_parser = parse_limit)]
+    pub max_response_bytes: u64,
+
+    /// The longest watch event (one line of a watch response) a remote's client reads, in
+    /// bytes (suffixes Ki, Mi, Gi); a longer one fails that watch.
+    #[arg(long, env = "MAX_WATCH_LINE_BYTES", default_value = "4Mi", value_parser = parse_limit)]
+    pub max_watch_line_bytes: u64,
+
+    /// Budget of each remote: the Services it may export (0: no limit). Over any of its budgets
+    /// a remote is degraded: its caches are dropped, its followers kept as they are, and it is
+    /// read again after a back-off. A Secret remote's annotation
+    /// `fair.com/cross-cluster-max-services` overrides it.
+    #[arg(long, env = "REMOTE_MAX_SERVICES", default_value = "25000", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_services: u64,
+
+    /// Budget of each remote: its endpoints, summed over its slices (0: no limit). Annotation
+    /// `fair.com/cross-cluster-max-endpoints`.
+    #[arg(long, env = "REMOTE_MAX_ENDPOINTS", default_value = "250000", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_endpoints: u64,
+
+    /// Budget of each remote: the bytes its caches hold (suffixes Ki, Mi, Gi; 0: no limit).
+    /// Annotation `fair.com/cross-cluster-max-cache-bytes`.
+    #[arg(long, env = "REMOTE_MAX_CACHE_BYTES", default_value = "64Mi", value_parser = crate::state::budget::parse_bytes)]
+    pub remote_max_cache_bytes: u64,
+}
+
+/// A response limit: a byte count of at least 64 KiB.
+fn parse_limit(text: &str) -> Result<u64, String> {
+    let n = crate::state::budget::parse_bytes(text)?;
+    if n < 64 << 10 {
+        return Err(format!("{text:?} is below the minimum of 64Ki"));
+    }
+    Ok(n)
 }
 
 /// CIDRs given as one comma-separated flag value.
@@ -280,6 +316,10 @@ impl Args {
             cluster_name: self.cluster_name.clone(),
             api_timeout: self.api_timeout(),
             allow_exec: self.remote_secret_allow_exec.clone(),
+            body_limits: crate::client::limits::BodyLimits {
+                max_response: self.max_response_bytes,
+                max_line: self.max_watch_line_bytes,
+            },
         };
         let selector = self.remote_secret_selector.trim();
         let secrets = (!selector.is_empty()).then(|| SecretSource {
@@ -303,6 +343,11 @@ impl Args {
                 mcs: self.mcs,
                 allowed_cidrs: self.remote_allowed_cidrs.0.clone(),
                 strict_addresses: self.strict_addresses,
+                budget: crate::state::budget::Limits {
+                    services: self.remote_max_services,
+                    endpoints: self.remote_max_endpoints,
+                    bytes: self.remote_max_cache_bytes,
+                },
             },
             client,
             secrets,

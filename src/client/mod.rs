@@ -11,8 +11,11 @@ use kube::{Api, Client, Config, ResourceExt};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
+use limits::{BodyLimits, LimitLayer};
+
 use crate::error::{Error, Result};
 
+pub mod limits;
 pub mod pages;
 pub mod policy;
 
@@ -31,6 +34,8 @@ pub struct Settings {
     pub api_timeout: Duration,
     /// exec commands a remote Secret's kubeconfig may run (absolute paths)
     pub allow_exec: Vec<String>,
+    /// the largest response and watch event a remote's client reads
+    pub body_limits: limits::BodyLimits,
 }
 
 /// One remote cluster: its name (recorded on followers) and a read-only client.
@@ -157,7 +162,7 @@ const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// the server's Retry-After), then the error goes to the reconcile, whose back-off is per key,
 /// logged and counted. kube's default (15 attempts, up to 1000 s apart) holds a worker on one
 /// throttled write for minutes, unlogged.
-fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
+fn client_of(mut cfg: Config, limits: Option<BodyLimits>) -> std::result::Result<Client, String> {
     cfg.default_retry = false;
     let policy = RetryPolicy::new(
         std::time::Duration::from_millis(20),
@@ -168,6 +173,8 @@ fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
     .map_err(|e| e.to_string())?;
     let builder = ClientBuilder::try_from(cfg).map_err(|e| e.to_string())?;
     // the retry layer clones the service it retries: a buffer makes kube's boxed stack cloneable
+    // (a remote's client counts its response bodies first; `None`: the local cluster's)
+    let builder = builder.with_layer(&LimitLayer(limits.unwrap_or(BodyLimits::NONE)));
     Ok(builder
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RetryLayer::new(policy))
@@ -178,7 +185,7 @@ fn client_of(mut cfg: Config) -> std::result::Result<Client, String> {
 pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, String> {
     cfg.connect_timeout = Some(std::time::Duration::from_secs(30));
     cfg.read_timeout = Some(std::time::Duration::from_secs(30));
-    client_of(cfg)
+    client_of(cfg, None)
 }
 
 /// A remote's client from a kubeconfig held in a Secret (its current context), with the
@@ -189,7 +196,8 @@ pub async fn secret_remote(kc: Kubeconfig, settings: &Settings) -> Result<(Clien
     policy::check(&kc, &settings.allow_exec).map_err(|r| Error::Refused(r.to_string()))?;
     let cfg = from_kubeconfig(kc, None, "kubeconfig").await?;
     let at = authority(&cfg);
-    let client = client_of(with_timeouts(cfg, settings)).map_err(|e| config_err("client", e))?;
+    let client = client_of(with_timeouts(cfg, settings), Some(settings.body_limits))
+        .map_err(|e| config_err("client", e))?;
     Ok((client, at))
 }
 
@@ -215,8 +223,8 @@ pub async fn cluster_id(client: &Client, timeout: Duration) -> Result<String, St
 pub async fn build(settings: &Settings) -> Result<Clients> {
     let local_cfg = local_config(settings).await?;
     let local_authority = authority(&local_cfg);
-    let local =
-        client_of(with_timeouts(local_cfg, settings)).map_err(|e| config_err("local client", e))?;
+    let local = client_of(with_timeouts(local_cfg, settings), None)
+        .map_err(|e| config_err("local client", e))?;
     let mut remotes = Vec::new();
     if settings.kubeconfig.is_some() || settings.remote_context.is_some() {
         let (remote_cfg, context_name) = remote_config(settings).await?;
@@ -225,8 +233,11 @@ pub async fn build(settings: &Settings) -> Result<Clients> {
                 "local and remote resolve to the same API server ({local_authority}); refusing to mirror a cluster into itself"
             )));
         }
-        let remote = client_of(with_timeouts(remote_cfg, settings))
-            .map_err(|e| config_err("remote client", e))?;
+        let remote = client_of(
+            with_timeouts(remote_cfg, settings),
+            Some(settings.body_limits),
+        )
+        .map_err(|e| config_err("remote client", e))?;
         let name = settings.cluster_name.clone().unwrap_or(context_name);
         remotes.push(Remote {
             name,

@@ -1,5 +1,5 @@
 //! Per-remote gauges, refreshed every second: followers, export conflicts, health, time since
-//! the last complete listing, credential expiry.
+//! the last complete listing, credential expiry, over budget.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub fn spawn(sup: &Supervisor, ctl: &Arc<Controller>) {
                 m.remote_up
                     .get_or_create(&remote)
                     .set(i64::from(s.problem().is_none()));
+                m.over_budget
+                    .get_or_create(&remote)
+                    .set(i64::from(s.over_budget()));
                 if let Some(secs) = s.seconds_since_list() {
                     m.since_list.get_or_create(&remote).set(secs);
                 }

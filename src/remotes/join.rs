@@ -24,6 +24,8 @@ pub struct Known {
     pub stale_after: Option<Duration>,
     /// the networks its addresses must be in (empty: any that is not local, unless strict)
     pub allowed_cidrs: Vec<ipnet::IpNet>,
+    /// what it may cost (see `crate::state::budget`)
+    pub budget: crate::state::budget::Limits,
 }
 
 /// Makes a remote a member: its metric series, its caches in the set of remotes, its watches
@@ -46,6 +48,7 @@ pub fn join(
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
         .with_stale_after(known.stale_after)
         .with_addresses(addresses)
+        .with_budget(known.budget)
         .with_mcs(settings.mcs, cluster_id.as_deref());
     let member = ctl.ctx.remotes.insert(Member {
         state: Arc::new(state),
@@ -96,6 +99,7 @@ pub async fn static_remotes(
             cluster_id: id,
             stale_after: settings.stale_after,
             allowed_cidrs: settings.allowed_cidrs.clone(),
+            budget: settings.budget,
         };
         let member = join(sup, ctl, remote, known, Origin::Static, settings);
         if let Ok((cfg, _)) = client::remote_config(&settings.client).await {

@@ -31,6 +31,8 @@ pub struct Settings {
     pub allowed_cidrs: Vec<ipnet::IpNet>,
     /// a remote without allowed CIDRs contributes no addresses
     pub strict_addresses: bool,
+    /// every remote's budget (a Secret's annotations override it for its remote)
+    pub budget: crate::state::budget::Limits,
 }
 
 impl Settings {

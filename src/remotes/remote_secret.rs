@@ -7,6 +7,8 @@ use kube::ResourceExt;
 use kube::config::Kubeconfig;
 use sha2::{Digest, Sha256};
 
+use crate::state::budget::{Limits, parse_bytes, parse_count};
+
 /// Label or annotation naming the remote cluster.
 pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
 /// The Secret's data key holding the kubeconfig.
@@ -16,6 +18,58 @@ pub const STALE_AFTER_KEY: &str = "fair.com/cross-cluster-stale-after";
 /// The Secret annotation listing the networks (CIDRs, comma-separated) its remote's addresses
 /// must be in (see `crate::desired::addresses`).
 pub const ALLOWED_CIDRS_KEY: &str = "fair.com/cross-cluster-allowed-cidrs";
+/// The Secret annotations overriding the daemon's budget for its remote (see
+/// `crate::state::budget`): Services, endpoints (counts; 0: no limit) and cached bytes.
+pub const MAX_SERVICES_KEY: &str = "fair.com/cross-cluster-max-services";
+pub const MAX_ENDPOINTS_KEY: &str = "fair.com/cross-cluster-max-endpoints";
+pub const MAX_CACHE_BYTES_KEY: &str = "fair.com/cross-cluster-max-cache-bytes";
+
+/// What a Secret's budget annotations say (None: the daemon's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BudgetOverride {
+    pub services: Option<u64>,
+    pub endpoints: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl BudgetOverride {
+    /// The remote's limits: these over the daemon's defaults.
+    pub fn over(&self, default: Limits) -> Limits {
+        Limits {
+            services: self.services.unwrap_or(default.services),
+            endpoints: self.endpoints.unwrap_or(default.endpoints),
+            bytes: self.bytes.unwrap_or(default.bytes),
+        }
+    }
+
+    /// For the hash: empty when no annotation is set (a Secret hashes as before).
+    fn text(&self) -> String {
+        let f = |v: Option<u64>| v.map_or(String::new(), |n| n.to_string());
+        if *self == Self::default() {
+            return String::new();
+        }
+        format!(
+            "\nbudget={},{},{}",
+            f(self.services),
+            f(self.endpoints),
+            f(self.bytes)
+        )
+    }
+}
+
+fn budget_of(s: &Secret) -> Result<BudgetOverride, String> {
+    let read = |key: &str, parse: fn(&str) -> Result<u64, String>| {
+        s.annotations()
+            .get(key)
+            .map(|v| parse(v).map_err(|e| format!("annotation {key}: {e}")))
+            .transpose()
+    };
+    Ok(BudgetOverride {
+        services: read(MAX_SERVICES_KEY, parse_count)?,
+        endpoints: read(MAX_ENDPOINTS_KEY, parse_count)?,
+        bytes: read(MAX_CACHE_BYTES_KEY, parse_bytes)?,
+    })
+}
 /// What a Secret says, read without I/O.
 #[derive(Debug)]
 pub struct Candidate {
@@ -28,6 +82,8 @@ pub struct Candidate {
     pub stale_after: Option<Duration>,
     /// the networks its addresses must be in (annotation [`ALLOWED_CIDRS_KEY`])
     pub allowed_cidrs: Vec<ipnet::IpNet>,
+    /// its budget, where the annotations set one
+    pub budget: BudgetOverride,
 }
 
 /// The name a Secret gives its remote: its label (or annotation) [`NAME_KEY`], else its own.
@@ -61,18 +117,22 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             .map_err(|e| format!("annotation {ALLOWED_CIDRS_KEY}: {e}"))?,
         None => Vec::new(),
     };
+    let budget = budget_of(s)?;
     let mut policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
     if !allowed_cidrs.is_empty() {
         // a changed allowlist is a rotation; an absent one hashes as before
         let nets: Vec<String> = allowed_cidrs.iter().map(ToString::to_string).collect();
         policy = format!("{policy}\nallowed={}", nets.join(","));
     }
+    // a changed budget is a rotation too
+    policy.push_str(&budget.text());
     Ok(Candidate {
         name,
         kubeconfig,
         hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
         stale_after,
         allowed_cidrs,
+        budget,
     })
 }
 
@@ -147,5 +207,39 @@ mod tests {
         let rotated = KUBECONFIG.replace("abc", "def");
         let b = read_secret(&secret(json!({}), Some(&rotated))).unwrap();
         assert_ne!(a.hash, b.hash);
+    }
+
+    #[test]
+    fn budget_annotations_override_the_defaults_and_a_change_is_a_rotation() {
+        let plain = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert_eq!(plain.budget, BudgetOverride::default());
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations = Some(
+            [
+                (MAX_SERVICES_KEY.to_string(), "5".to_string()),
+                (MAX_CACHE_BYTES_KEY.to_string(), "1Mi".to_string()),
+            ]
+            .into(),
+        );
+        let c = read_secret(&s).unwrap();
+        let defaults = Limits {
+            services: 100,
+            endpoints: 200,
+            bytes: 300,
+        };
+        assert_eq!(
+            c.budget.over(defaults),
+            Limits {
+                services: 5,
+                endpoints: 200,
+                bytes: 1 << 20
+            }
+        );
+        assert_ne!(c.hash, plain.hash, "a new budget is a rotation");
+        if let Some(a) = s.metadata.annotations.as_mut() {
+            a.insert(MAX_ENDPOINTS_KEY.to_string(), "many".to_string());
+        }
+        let bad = read_secret(&s).unwrap_err();
+        assert!(bad.contains(MAX_ENDPOINTS_KEY), "{bad}");
     }
 }

@@ -230,6 +230,7 @@ impl Source {
             cluster_id: Some(id.clone()),
             stale_after: c.stale_after,
             allowed_cidrs: c.allowed_cidrs,
+            budget: c.budget.over(self.settings.budget),
         };
         let member =
             super::join::join(&self.sup, &self.ctl, &remote, known, origin, &self.settings);
@@ -467,6 +468,7 @@ impl Source {
         let l = ByRemote::new(name);
         m.followers.remove(&l);
         m.remote_up.remove(&l);
+        m.over_budget.remove(&l);
         m.since_list.remove(&l);
         m.credential_expiry.remove(&l);
         m.mcs_name_refused.remove(&l);

@@ -20,6 +20,7 @@ pub struct Metrics {
     pub followers: Family<ByRemote, Gauge>,
     pub leader: Gauge,
     pub remote_up: Family<ByRemote, Gauge>,
+    pub over_budget: Family<ByRemote, Gauge>,
     pub since_list: Family<ByRemote, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub lag: Family<ByRemote, Histogram>,
     pub events_suppressed: Counter,
@@ -49,6 +50,7 @@ impl Default for Metrics {
             followers: Family::default(),
             leader: Gauge::default(),
             remote_up: Family::default(),
+            over_budget: Family::default(),
             since_list: Family::default(),
             // 1 ms .. ~33 s
             lag: Family::new_with_constructor(|| {
@@ -116,6 +118,11 @@ impl Default for Metrics {
             "remote_up",
             "1 while every watch of the remote is healthy",
             m.remote_up.clone(),
+        );
+        registry.register(
+            "remote_over_budget",
+            "1 while the remote is over its budget (Services, endpoints or cached bytes): its caches are dropped, its followers kept, and it is read again after a back-off",
+            m.over_budget.clone(),
         );
         registry.register(
             "remote_seconds_since_list",

@@ -55,10 +55,12 @@ struct Entry {
     name_len: u32,
     /// u32::MAX: no resourceVersion
     version_len: u32,
+    /// what it counts against a budget (a slice: its endpoints)
+    weight: u32,
 }
 
 impl Entry {
-    fn new(name: &str, version: Option<&str>, packed: &[u8]) -> Self {
+    fn new(name: &str, version: Option<&str>, packed: &[u8], weight: usize) -> Self {
         let version_bytes = version.unwrap_or_default().as_bytes();
         let mut data = Vec::with_capacity(name.len() + version_bytes.len() + packed.len());
         data.extend_from_slice(name.as_bytes());
@@ -69,7 +71,14 @@ impl Entry {
             data: data.into_boxed_slice(),
             name_len: len(name),
             version_len: version.map_or(u32::MAX, len),
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
         }
+    }
+
+    /// The bytes it costs: its data, and about as much again for the entry, its group's key and
+    /// the map slots that hold them.
+    fn cost(&self) -> usize {
+        self.data.len() + ENTRY_OVERHEAD + 2 * self.name_len as usize
     }
 
     fn name(&self) -> &str {
@@ -96,6 +105,9 @@ impl Entry {
         &self.data[start..]
     }
 }
+
+/// What one entry costs besides its data (the entry itself, a map slot, its group's key).
+const ENTRY_OVERHEAD: usize = 128;
 
 /// The largest JSON an entry may claim to unpack to: far above any object the API server
 /// stores (etcd's limit is 1.5 MiB), so a damaged length is an error, not a huge allocation.
@@ -145,6 +157,10 @@ struct Store {
     /// what every entry is compressed against: the JSON of the first object this store held
     /// (a listing's first object, usually), fixed for the store's life
     dict: Option<Box<[u8]>>,
+    /// objects held, the sum of their weights and of their costs (with the dictionary's)
+    len: usize,
+    weight: usize,
+    bytes: usize,
 }
 
 impl Store {
@@ -153,7 +169,22 @@ impl Store {
             groups: HashMap::new(),
             located: HashMap::new(),
             dict: None,
+            len: 0,
+            weight: 0,
+            bytes: 0,
         }
+    }
+
+    fn count_in(&mut self, e: &Entry) {
+        self.len += 1;
+        self.weight += e.weight as usize;
+        self.bytes += e.cost();
+    }
+
+    fn count_out(&mut self, e: &Entry) {
+        self.len = self.len.saturating_sub(1);
+        self.weight = self.weight.saturating_sub(e.weight as usize);
+        self.bytes = self.bytes.saturating_sub(e.cost());
     }
 
     fn dict(&self) -> &[u8] {
@@ -185,11 +216,8 @@ impl Store {
 
     /// Stores the object; returns the groups whose content changed: the object's group and, if
     /// it moved (a slice relabelled to another service), its old one.
-    fn insert<K: Resource + Serialize>(
-        &mut self,
-        group_of: fn(&K) -> Option<String>,
-        mut obj: K,
-    ) -> Vec<GroupKey> {
+    fn insert<K: Resource + Serialize>(&mut self, how: &Keeping<K>, mut obj: K) -> Vec<GroupKey> {
+        let group_of = how.group_of;
         let Some((ns, name)) = ids(&obj) else {
             return Vec::new();
         };
@@ -208,25 +236,41 @@ impl Store {
             return touched;
         };
         obj.meta_mut().managed_fields = None;
+        if how.lean {
+            // a remote's annotations: nothing reads them, so a flood of them costs nothing here
+            obj.meta_mut().annotations = None;
+        }
+        let weight = (how.weigh)(&obj);
         // a k8s-openapi object always serializes; were one not to, it is held as an empty entry
         // that fails to read back: its reconcile then fails and is retried, and nothing is
         // deleted because of it (leaving it out would make its exported Service look gone)
         let json = serde_json::to_vec(&obj).unwrap_or_default();
+        if self.dict.is_none() {
+            self.bytes += json.len();
+        }
         let dict = self.dict.get_or_insert_with(|| json.as_slice().into());
         let entry = Entry::new(
             &name,
             obj.meta().resource_version.as_deref(),
             &pack(&json, dict),
+            weight,
         );
+        self.count_in(&entry);
         let key = (ns.clone(), group.clone());
         // most groups have one member: a Vec would reserve four at its first push
         let members = self
             .groups
             .entry(key.clone())
             .or_insert_with(|| Vec::with_capacity(1));
-        match members.binary_search_by(|e| e.name().cmp(name.as_str())) {
-            Ok(i) => members[i] = entry,
-            Err(i) => members.insert(i, entry),
+        let replaced = match members.binary_search_by(|e| e.name().cmp(name.as_str())) {
+            Ok(i) => Some(std::mem::replace(&mut members[i], entry)),
+            Err(i) => {
+                members.insert(i, entry);
+                None
+            }
+        };
+        if let Some(old) = replaced {
+            self.count_out(&old);
         }
         if group != name {
             self.located.insert((ns, name), group);
@@ -242,21 +286,47 @@ impl Store {
         };
         self.located.remove(&(ns.to_string(), name.to_string()));
         let key = (ns.to_string(), group);
+        let mut gone = Vec::new();
         if let Some(members) = self.groups.get_mut(&key) {
-            members.retain(|e| e.name() != name);
+            if let Some(i) = members.iter().position(|e| e.name() == name) {
+                gone.push(members.remove(i));
+            }
             if members.is_empty() {
                 self.groups.remove(&key);
             }
         }
+        for e in &gone {
+            self.count_out(e);
+        }
         vec![key]
     }
+}
+
+/// How a cache keeps its objects.
+struct Keeping<K> {
+    group_of: fn(&K) -> Option<String>,
+    /// what an object counts against a budget
+    weigh: fn(&K) -> usize,
+    /// drop annotations before keeping (a remote's objects: nothing reads theirs)
+    lean: bool,
+}
+
+/// What one cache holds, for a budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// objects (the larger of the view and a listing in progress)
+    pub objects: usize,
+    /// the sum of their weights (likewise)
+    pub weight: usize,
+    /// what the view and a listing in progress cost together
+    pub bytes: usize,
 }
 
 pub struct Cache<K> {
     store: Store,
     relist: Option<Store>,
     ready: bool,
-    group_of: fn(&K) -> Option<String>,
+    how: Keeping<K>,
     /// when the last complete listing was applied
     last_list: Option<Instant>,
     /// the watch's current failure, cleared by the next complete listing
@@ -289,11 +359,45 @@ impl<K: Resource> Cache<K> {
             store: Store::new(),
             relist: None,
             ready: false,
-            group_of,
+            how: Keeping {
+                group_of,
+                weigh: |_| 0,
+                lean: false,
+            },
             last_list: None,
             error: None,
             kind: PhantomData,
         }
+    }
+
+    /// A cache of a remote's objects: their annotations are not kept, and each counts `weigh`
+    /// of it against the remote's budget.
+    pub fn lean(mut self, weigh: fn(&K) -> usize) -> Self {
+        self.how.lean = true;
+        self.how.weigh = weigh;
+        self
+    }
+
+    /// What it holds, for a budget.
+    pub fn held(&self) -> Held {
+        let (len, weight, bytes) = self
+            .relist
+            .as_ref()
+            .map_or((0, 0, 0), |r| (r.len, r.weight, r.bytes));
+        Held {
+            objects: self.store.len.max(len),
+            weight: self.store.weight.max(weight),
+            bytes: self.store.bytes + bytes,
+        }
+    }
+
+    /// Drops everything it holds (its remote went over budget): it proves nothing until its
+    /// next complete listing, and says why.
+    pub fn evict(&mut self, why: String) {
+        self.store = Store::new();
+        self.relist = None;
+        self.ready = false;
+        self.error = Some(why);
     }
 
     /// True once a first complete listing has been applied.
@@ -342,7 +446,7 @@ impl<K: Resource> Cache<K> {
 
     /// Number of objects held.
     pub fn len(&self) -> usize {
-        self.store.groups.values().map(Vec::len).sum()
+        self.store.len
     }
 
     pub fn is_empty(&self) -> bool {
@@ -361,7 +465,7 @@ impl<K: Resource + Serialize + DeserializeOwned> Cache<K> {
             }
             Event::InitApply(obj) => {
                 if let Some(buf) = self.relist.as_mut() {
-                    buf.insert(self.group_of, obj);
+                    buf.insert(&self.how, obj);
                 }
                 Vec::new()
             }
@@ -375,7 +479,7 @@ impl<K: Resource + Serialize + DeserializeOwned> Cache<K> {
                 self.error = None;
                 changed_groups(&old.groups, &self.store.groups)
             }
-            Event::Apply(obj) => self.store.insert(self.group_of, obj),
+            Event::Apply(obj) => self.store.insert(&self.how, obj),
             Event::Delete(obj) => match ids(&obj) {
                 Some((ns, name)) => self.store.remove(&ns, &name),
                 None => Vec::new(),
@@ -681,17 +785,17 @@ mod tests {
 
     #[test]
     fn an_entry_holds_name_version_and_data_apart() {
-        let e = Entry::new("web-1", Some("42"), b"packed");
+        let e = Entry::new("web-1", Some("42"), b"packed", 0);
         assert_eq!(
             (e.name(), e.version(), e.packed()),
             ("web-1", Some("42"), &b"packed"[..])
         );
-        let e = Entry::new("web-1", None, b"");
+        let e = Entry::new("web-1", None, b"", 0);
         assert_eq!(
             (e.name(), e.version(), e.packed()),
             ("web-1", None, &b""[..])
         );
-        let e = Entry::new("web-1", Some(""), b"p");
+        let e = Entry::new("web-1", Some(""), b"p", 0);
         assert_eq!(
             (e.name(), e.version(), e.packed()),
             ("web-1", Some(""), &b"p"[..])
@@ -704,20 +808,88 @@ mod tests {
         c.apply(Event::Apply(svc("a", "x", "1")));
         let dict = c.store.dict().to_vec();
         if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-            m[0] = Entry::new("x", Some("1"), &pack(b"{not json", &dict));
+            m[0] = Entry::new("x", Some("1"), &pack(b"{not json", &dict), 0);
         }
         assert!(c.named(&key("a", "x")).is_err());
         // damaged compressed data, and a length far beyond any object
         for damaged in [&b"\x09\0\0\0\xff\xff"[..], b"\xff\xff\xff\xff{not", b"{n"] {
             if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-                m[0] = Entry::new("x", Some("1"), damaged);
+                m[0] = Entry::new("x", Some("1"), damaged, 0);
             }
             assert!(c.named(&key("a", "x")).is_err());
         }
         // what an object that failed to serialize is held as
         if let Some(m) = c.store.groups.get_mut(&key("a", "x")) {
-            m[0] = Entry::new("x", Some("1"), &[]);
+            m[0] = Entry::new("x", Some("1"), &[], 0);
         }
         assert!(c.named(&key("a", "x")).is_err());
+    }
+
+    fn endpoints(s: &EndpointSlice) -> usize {
+        s.endpoints.len()
+    }
+
+    fn slice_with(name: &str, rv: &str, ips: usize) -> EndpointSlice {
+        let mut s = slice("a", name, "x", rv);
+        s.endpoints = (0..ips)
+            .map(|i| serde_json::from_value(json!({"addresses": [format!("10.0.0.{i}")]})).unwrap())
+            .collect();
+        s
+    }
+
+    #[test]
+    fn a_lean_cache_keeps_no_annotations_and_counts_what_it_holds() {
+        let mut c = Cache::new(by_service_label::<EndpointSlice>).lean(endpoints);
+        let mut big = slice_with("x-1", "1", 3);
+        big.metadata.annotations = Some([("flood".to_string(), "x".repeat(100_000))].into());
+        c.apply(Event::Apply(big));
+        let held = c.group(&key("a", "x")).unwrap();
+        assert!(held[0].metadata.annotations.is_none());
+        let h = c.held();
+        assert_eq!((h.objects, h.weight), (1, 3));
+        assert!(
+            h.bytes < 2_000,
+            "{h:?}: the annotation is not counted, it is not held"
+        );
+        // replaced, then a second object, then a delete: the figures follow
+        c.apply(Event::Apply(slice_with("x-1", "2", 5)));
+        c.apply(Event::Apply(slice_with("x-2", "1", 2)));
+        assert_eq!((c.held().objects, c.held().weight), (2, 7));
+        c.apply(Event::Delete(slice_with("x-1", "3", 0)));
+        assert_eq!((c.held().objects, c.held().weight), (1, 2));
+        // a listing in progress counts as much as the view, or more, and costs besides it
+        let before = c.held().bytes;
+        c.apply(Event::Init);
+        for (i, n) in [4, 4, 4].iter().enumerate() {
+            c.apply(Event::InitApply(slice_with(&format!("y-{i}"), "1", *n)));
+        }
+        let h = c.held();
+        assert_eq!((h.objects, h.weight), (3, 12));
+        assert!(h.bytes > before, "{h:?}");
+        c.apply(Event::InitDone);
+        assert_eq!((c.held().objects, c.held().weight), (3, 12));
+        // a local cache keeps annotations (its followers' origin annotations are read)
+        let mut local = Cache::new(by_name::<Service>);
+        let mut s = svc("a", "x", "1");
+        s.metadata.annotations = Some([("note".to_string(), "kept".to_string())].into());
+        local.apply(Event::Apply(s));
+        let kept = local.named(&key("a", "x")).unwrap().unwrap();
+        assert!(kept.metadata.annotations.is_some());
+    }
+
+    #[test]
+    fn an_evicted_cache_holds_nothing_and_proves_nothing() {
+        let mut c = Cache::new(by_service_label::<EndpointSlice>).lean(endpoints);
+        c.apply(Event::Init);
+        c.apply(Event::InitApply(slice_with("x-1", "1", 3)));
+        c.apply(Event::InitDone);
+        assert!(c.ready());
+        c.evict("over budget".into());
+        assert!(!c.ready());
+        assert_eq!(c.held(), Held::default());
+        assert_eq!(
+            c.problem("slices").as_deref(),
+            Some("watch of slices failing: over budget")
+        );
     }
 }

@@ -41,8 +41,11 @@ pub struct McsNamespace {
 impl McsNamespace {
     pub fn new(cancel: CancellationToken) -> Self {
         Self {
-            services: RwLock::new(Cache::new(by_name::<Service>)),
-            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            // a source's objects: their annotations are never read (an export's are in its spec)
+            services: RwLock::new(Cache::new(by_name::<Service>).lean(|_| 0)),
+            slices: RwLock::new(
+                Cache::new(by_service_label::<EndpointSlice>).lean(|s| s.endpoints.len()),
+            ),
             cancel,
         }
     }
@@ -92,7 +95,7 @@ impl McsCluster {
             fallback: fallback.to_string(),
             property: RwLock::new(Property::Unread),
             grant: RwLock::new(Grant::Pending),
-            exports: RwLock::new(Cache::new(by_name::<ServiceExport>)),
+            exports: RwLock::new(Cache::new(by_name::<ServiceExport>).lean(|_| 0)),
             namespaces: RwLock::default(),
             former: RwLock::default(),
         }

@@ -1,4 +1,5 @@
 //! Caches of what the watches have seen, remote and local, and the set of remotes they belong to.
+pub mod budget;
 pub mod cache;
 pub mod local;
 pub mod mcs;

@@ -7,7 +7,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use parking_lot::RwLock;
 
-use super::cache::{Cache, CacheError, GroupKey, by_name, by_service_label};
+use super::budget::{Budget, Judged, Limits, Usage};
+use super::cache::{Cache, CacheError, GroupKey, Held, by_name, by_service_label};
 use crate::desired::Options;
 pub struct RemoteState {
     pub name: Arc<str>,
@@ -31,6 +32,13 @@ pub struct RemoteState {
     pub mcs: Option<Arc<super::mcs::McsCluster>>,
     /// which of its addresses may reach a local object (see `desired::addresses`)
     pub addresses: crate::desired::addresses::AddressPolicy,
+    /// how much it may cost, and whether it is over (see [`super::budget`])
+    pub budget: Budget,
+}
+
+/// What a slice counts against its remote's budget: its endpoints.
+fn endpoints(s: &EndpointSlice) -> usize {
+    s.endpoints.len()
 }
 
 impl RemoteState {
@@ -39,15 +47,83 @@ impl RemoteState {
             name: name.into(),
             opts,
             namespaces,
-            services: RwLock::new(Cache::new(by_name::<Service>)),
-            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
-            foreign_slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
+            services: RwLock::new(Cache::new(by_name::<Service>).lean(|_| 0)),
+            slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>).lean(endpoints)),
+            foreign_slices: RwLock::new(
+                Cache::new(by_service_label::<EndpointSlice>).lean(endpoints),
+            ),
             stale_after: None,
             marked: AtomicBool::new(false),
             credential: std::sync::OnceLock::new(),
             mcs: None,
             addresses: Default::default(),
+            budget: Budget::default(),
         }
+    }
+
+    /// With its budget (see [`super::budget`]).
+    pub fn with_budget(mut self, limits: Limits) -> Self {
+        self.budget = Budget::new(limits);
+        self
+    }
+
+    /// What its caches hold now.
+    pub fn usage(&self) -> Usage {
+        let of = |h: Held| Usage {
+            services: 0,
+            endpoints: h.weight as u64,
+            bytes: h.bytes as u64,
+        };
+        let services = self.services.read().held();
+        let slices = self.slices.read().held();
+        let foreign = self.foreign_slices.read().held();
+        let services = Usage {
+            services: services.objects as u64,
+            ..of(services)
+        };
+        services + of(slices) + of(foreign)
+    }
+
+    /// Judges its caches against its budget after a watch event; `seen` is the budget's epoch
+    /// when the watch last listed. Err when it must stop and list again: the remote went over
+    /// budget (now: every cache of it is dropped, or since that watch listed).
+    pub fn admit(&self, seen: u64) -> Result<(), String> {
+        if self.budget.epoch() != seen {
+            return Err(self.over_budget_problem());
+        }
+        match self.budget.judge(&self.usage(), std::time::Instant::now()) {
+            Judged::Within => Ok(()),
+            Judged::Tripped(why) => {
+                tracing::warn!(remote = %self.name, "over budget ({why}): its caches are dropped, its followers kept; read again after a back-off");
+                let why = format!("over budget: {why}");
+                self.services.write().evict(why.clone());
+                self.slices.write().evict(why.clone());
+                self.foreign_slices.write().evict(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// A watch of it completed a listing: once all have, within the budget, it is not over
+    /// budget any more.
+    pub fn listed(&self) {
+        if self.budget.over().is_some()
+            && self.ready()
+            && self.budget.limits.exceeded(&self.usage()).is_none()
+            && self.budget.clear()
+        {
+            tracing::info!(remote = %self.name, "within budget again: every cache listed");
+        }
+    }
+
+    /// True while it is over budget.
+    pub fn over_budget(&self) -> bool {
+        self.budget.over().is_some()
+    }
+
+    fn over_budget_problem(&self) -> String {
+        let why = self.budget.over().unwrap_or_default();
+        format!("over budget: {why}")
     }
 
     /// With its address policy (its allowed CIDRs; strict mode).
@@ -98,6 +174,14 @@ impl RemoteState {
 
     /// None when healthy; otherwise why not, for /readyz.
     pub fn problem(&self) -> Option<String> {
+        if let Err(held) = self.budget.hold(std::time::Instant::now()) {
+            return Some(held);
+        }
+        if let Some(why) = self.budget.over() {
+            return Some(format!(
+                "over budget ({why}): its followers are kept; being read again"
+            ));
+        }
         // one guard at a time: a second read of a lock this thread already holds can deadlock
         // behind a waiting writer
         let services = self.services.read().problem("Services");
@@ -143,4 +227,57 @@ pub struct Credential {
     pub issued: Option<Timestamp>,
     /// the token's `sub` (`system:serviceaccount:<ns>:<name>` for a ServiceAccount)
     pub subject: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn svc(name: &str) -> Service {
+        serde_json::from_value(json!({"metadata": {"namespace": "a", "name": name,
+                                                   "resourceVersion": "1"}}))
+        .unwrap()
+    }
+
+    fn listed(state: &RemoteState, services: &[&str]) {
+        state.services.write().apply(Event::Init);
+        for s in services {
+            state.services.write().apply(Event::InitApply(svc(s)));
+        }
+        state.services.write().apply(Event::InitDone);
+        for c in [&state.slices, &state.foreign_slices] {
+            c.write().apply(Event::Init);
+            c.write().apply(Event::InitDone);
+        }
+    }
+
+    #[test]
+    fn over_budget_every_cache_is_dropped_and_a_listing_within_it_clears_the_state() {
+        let limits = Limits {
+            services: 2,
+            ..Default::default()
+        };
+        let state = RemoteState::new("east", crate::fixtures::opts(), vec![]).with_budget(limits);
+        listed(&state, &["x", "y"]);
+        assert_eq!(state.admit(0), Ok(()));
+        assert!(state.ready() && !state.over_budget());
+        state.services.write().apply(Event::Apply(svc("z")));
+        let why = state.admit(0).unwrap_err();
+        assert!(why.contains("more than 2 exported Services"), "{why}");
+        assert!(state.over_budget());
+        assert!(!state.ready(), "it proves nothing now");
+        assert_eq!(state.usage(), Usage::default(), "nothing of it is held");
+        let problem = state.problem().unwrap();
+        assert!(problem.contains("over budget"), "{problem}");
+        assert!(problem.contains("followers are kept"), "{problem}");
+        // a watch that listed before the drop must list again
+        assert!(state.admit(0).is_err());
+        // a listing within the budget: clear
+        listed(&state, &["x"]);
+        state.listed();
+        assert!(!state.over_budget());
+        assert_eq!(state.admit(state.budget.epoch()), Ok(()));
+    }
 }

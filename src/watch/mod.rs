@@ -13,6 +13,7 @@ pub mod networks;
 pub mod remote;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 use std::time::Duration;
@@ -97,10 +98,27 @@ pub struct Follow<K, T, F> {
     /// alone would not wake what waits for it)
     pub on_listed: Option<Listed>,
     pub metrics: Arc<Metrics>,
+    /// the budget of the holder's cluster (a remote's), judged after every event
+    pub guard: Option<Arc<dyn Guard>>,
+    /// the guard's epoch when this watch last started a listing
+    pub seen: AtomicU64,
 }
 
 /// What a watch calls after each complete listing.
 pub type Listed = Box<dyn Fn() + Send + Sync>;
+
+/// A budget a watch keeps to (see `state::budget`): what it reads stops at the budget.
+pub trait Guard: Send + Sync {
+    /// Err while nothing may be read (over budget, its back-off running).
+    fn hold(&self) -> Result<(), String>;
+    /// Bumped when the caches are dropped: a watch that listed before lists again.
+    fn epoch(&self) -> u64;
+    /// After an event: Err when the watch must stop and list again (over budget now, or since
+    /// `seen`).
+    fn admit(&self, seen: u64) -> Result<(), String>;
+    /// After a complete listing.
+    fn listed(&self);
+}
 
 impl<K, T, F> Follow<K, T, F>
 where
@@ -135,6 +153,16 @@ where
     }
 
     async fn round(&self, from: Option<String>, failing: &mut bool, delay: &mut Duration) -> Round {
+        let mut from = from;
+        if let Some(g) = &self.guard {
+            if let Err(why) = g.hold() {
+                return Round::Failed(None, why);
+            }
+            if g.epoch() != self.seen.load(Ordering::SeqCst) {
+                // the caches were dropped since this watch listed: what it resumes is gone
+                from = None;
+            }
+        }
         let round = match from {
             None => self.list().await,
             Some(rv) => self.watch(rv, failing, delay).await,
@@ -168,17 +196,27 @@ where
             .inc();
     }
 
-    fn apply(&self, event: Event<K>) {
+    /// Applies one event; Err when the guard stops this watch (its budget).
+    fn apply(&self, event: Event<K>) -> Result<(), String> {
         let changed = (self.cache)(&self.holder).write().apply(event);
+        if let Some(g) = &self.guard {
+            g.admit(self.seen.load(Ordering::SeqCst))?;
+        }
         if !changed.is_empty() {
             (self.on_change)(changed);
         }
+        Ok(())
     }
 
     /// A complete, paginated listing, fed page by page into the cache's relist buffer (the cache
     /// shows it only once complete).
     async fn list(&self) -> Round {
-        self.apply(Event::Init);
+        if let Some(g) = &self.guard {
+            self.seen.store(g.epoch(), Ordering::SeqCst);
+        }
+        if let Err(why) = self.apply(Event::Init) {
+            return Round::Failed(None, why);
+        }
         let mut token: Option<String> = None;
         loop {
             let lp = page(&self.spec.selector, token.take());
@@ -192,14 +230,21 @@ where
                 }
             };
             for obj in listed.items {
-                self.apply(Event::InitApply(obj));
+                if let Err(why) = self.apply(Event::InitApply(obj)) {
+                    return Round::Failed(None, why);
+                }
             }
             token = next_token(&listed.metadata);
             if token.is_none() {
                 let Some(rv) = listed.metadata.resource_version.filter(|v| !v.is_empty()) else {
                     return Round::Failed(None, "listing has no resourceVersion".into());
                 };
-                self.apply(Event::InitDone);
+                if let Err(why) = self.apply(Event::InitDone) {
+                    return Round::Failed(None, why);
+                }
+                if let Some(g) = &self.guard {
+                    g.listed();
+                }
                 if let Some(listed) = &self.on_listed {
                     listed();
                 }
@@ -236,11 +281,15 @@ where
                 None => return Round::Resume(rv),
                 Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
                     rv = version_or(&o, rv);
-                    self.apply(Event::Apply(o));
+                    if let Err(why) = self.apply(Event::Apply(o)) {
+                        return Round::Failed(None, why);
+                    }
                 }
                 Some(Ok(WatchEvent::Deleted(o))) => {
                     rv = version_or(&o, rv);
-                    self.apply(Event::Delete(o));
+                    if let Err(why) = self.apply(Event::Delete(o)) {
+                        return Round::Failed(None, why);
+                    }
                 }
                 Some(Ok(WatchEvent::Bookmark(b))) => rv = b.metadata.resource_version,
                 Some(Ok(WatchEvent::Error(s))) if s.code == 410 => return Round::Relist,
@@ -321,6 +370,24 @@ pub fn spawn_listed<K, T>(
     K: Watched,
     T: Send + Sync + 'static,
 {
+    spawn_guarded(sup, metrics, stop, spec, into, on_change, on_listed, None);
+}
+
+/// [`spawn_listed`], kept to `guard` (a remote's budget).
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_guarded<K, T>(
+    sup: &Supervisor,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+    spec: Spec<K>,
+    into: Target<T, K>,
+    on_change: impl Fn(Vec<GroupKey>) + Send + Sync + 'static,
+    on_listed: Option<Listed>,
+    guard: Option<Arc<dyn Guard>>,
+) where
+    K: Watched,
+    T: Send + Sync + 'static,
+{
     let what = spec.what.clone();
     let (holder, cache) = into;
     let follow = Follow {
@@ -330,6 +397,8 @@ pub fn spawn_listed<K, T>(
         on_change,
         on_listed,
         metrics: Arc::clone(metrics),
+        guard,
+        seen: AtomicU64::new(0),
     };
     sup.spawn_until(what, stop.clone(), follow.run());
 }

@@ -1,13 +1,33 @@
-//! A remote's watches: its exported Services, their slices, and the slices other managers wrote.
+//! A remote's watches: its exported Services, their slices, and the slices other managers wrote,
+//! each kept to the remote's budget.
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{spawn, spec};
+use super::{Guard, Target, spawn_guarded, spec};
 use crate::reconcile::worker::Controller;
 use crate::runtime::supervisor::Supervisor;
-use crate::state::Member;
+use crate::state::{Member, RemoteState};
+
+/// A remote's watches keep to its budget.
+impl Guard for RemoteState {
+    fn hold(&self) -> Result<(), String> {
+        self.budget.hold(std::time::Instant::now())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.budget.epoch()
+    }
+
+    fn admit(&self, seen: u64) -> Result<(), String> {
+        RemoteState::admit(self, seen)
+    }
+
+    fn listed(&self) {
+        RemoteState::listed(self);
+    }
+}
 
 /// Starts the three watches of a member, each ending when the member leaves.
 pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, member: &Member, timeout: u32) {
@@ -22,18 +42,15 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, member: &Member, timeout: 
     let foreign = state.opts.foreign_slice_selector();
     let m = &ctl.ctx.metrics;
     let s = || Arc::clone(state);
+    let guard = || Some(Arc::clone(state) as Arc<dyn Guard>);
     let services = spec::<Service>(c, ns, timeout, exported.clone(), name, what("Services"));
-    spawn(sup, m, stop, services, (s(), |s| &s.services), on_change());
+    let into: Target<RemoteState, Service> = (s(), |s| &s.services);
+    spawn_guarded(sup, m, stop, services, into, on_change(), None, guard());
     let slices = spec::<EndpointSlice>(c, ns, timeout, exported, name, what("EndpointSlices"));
-    spawn(sup, m, stop, slices, (s(), |s| &s.slices), on_change());
+    let into: Target<RemoteState, EndpointSlice> = (s(), |s| &s.slices);
+    spawn_guarded(sup, m, stop, slices, into, on_change(), None, guard());
     let other = what("EndpointSlices of other managers");
     let foreign = spec::<EndpointSlice>(c, ns, timeout, foreign, name, other);
-    spawn(
-        sup,
-        m,
-        stop,
-        foreign,
-        (s(), |s| &s.foreign_slices),
-        on_change(),
-    );
+    let into: Target<RemoteState, EndpointSlice> = (s(), |s| &s.foreign_slices);
+    spawn_guarded(sup, m, stop, foreign, into, on_change(), None, guard());
 }

@@ -37,7 +37,7 @@ pub type Answer = Arc<dyn Fn(&str) -> (u16, String) + Send + Sync>;
 
 const UNAUTHORIZED: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"catcher","reason":"Unauthorized","code":401}"#;
 
-fn server_config(pki: &Path) -> ServerConfig {
+pub fn server_config(pki: &Path) -> ServerConfig {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(pki.join("serving.crt"))
         .expect("serving.crt")

@@ -127,3 +127,8 @@ else the labels the Prometheus Operator gives the targets of the chart's Service
 {{- printf "job=%q,namespace=%q" (printf "%s-metrics" (include "ccc.fullname" .)) .Release.Namespace }}
 {{- end }}
 {{- end }}
+
+{{/* A byte count as the daemon reads it: "64Mi" as it is, a number without an exponent. */}}
+{{- define "ccc.bytes" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ . | int64 }}{{ end }}
+{{- end }}
