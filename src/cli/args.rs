@@ -152,6 +152,9 @@ pub struct Args {
     /// issue.
     #[arg(long, env = "REMOTE_TOKEN_RENEW_BEFORE", default_value = "20%", value_parser = crate::remotes::credentials::parse_renew_before)]
     pub remote_token_renew_before: crate::remotes::credentials::RenewBefore,
+
+    #[command(flatten)]
+    pub containment: super::containment::ContainmentArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -245,7 +248,8 @@ impl Args {
     /// The daemon's configuration, one part per component, once the flags are valid.
     pub fn config(&self) -> Result<crate::daemon::Config, String> {
         self.validate()?;
-        let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into());
+        let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into())
+            .with_containment(self.containment.containment(&self.namespace)?);
         let namespaces = self.watch_namespaces.clone();
         let client = crate::client::Settings {
             devmode: self.devmode,
@@ -274,6 +278,7 @@ impl Args {
                 namespaces: namespaces.clone(),
                 api_timeout: self.api_timeout(),
                 stale_after: self.remote_stale_after_seconds.map(Duration::from_secs),
+                allow_external_name: self.containment.remote_allow_external_name,
                 client: client.clone(),
                 mcs: self.mcs,
             },

@@ -214,6 +214,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::NotReady);
     };
     let snap = snapshot(ctx, &mcs, &key.group())?;
+    if ctx.opts.protected(&key.namespace) {
+        let exporting: Vec<String> = snap
+            .exports()
+            .iter()
+            .map(|e| e.cluster.to_string())
+            .collect();
+        return Ok(ctx.refuse_protected(key, &exporting).await);
+    }
     let mut wrote = Wrote::default();
     let outcome = match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
         Ok(()) => wrote.outcome(),

@@ -15,19 +15,33 @@ use crate::state::{Member, Origin, RemoteState};
 /// How long start-up waits for the static remote's cluster id.
 const STATIC_ID_WAIT: Duration = Duration::from_secs(5);
 
+/// What is known of a remote as it joins.
+pub struct Known {
+    /// its cluster id (kube-system uid), when read
+    pub cluster_id: Option<String>,
+    /// its outage policy (see [`super::outage`])
+    pub stale_after: Option<Duration>,
+    /// whether its ExternalName Services are mirrored
+    pub allow_external_name: bool,
+}
+
 /// Makes a remote a member: its metric series, its caches in the set of remotes, its watches
 /// (which end when it leaves). A member of the same name is replaced (its watches cancelled).
-/// `known` is its cluster id and its outage policy (see [`super::outage`]).
 pub fn join(
     sup: &Supervisor,
     ctl: &Arc<Controller>,
     remote: &Remote,
-    known: (Option<String>, Option<Duration>),
+    known: Known,
     origin: Origin,
     settings: &Settings,
 ) -> Arc<Member> {
-    let (cluster_id, stale_after) = known;
-    let opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
+    let Known {
+        cluster_id,
+        stale_after,
+        allow_external_name,
+    } = known;
+    let mut opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
+    opts.allow_external_name = allow_external_name;
     ctl.ctx.metrics.init_remote(&remote.name);
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
         .with_stale_after(stale_after)
@@ -77,7 +91,11 @@ pub async fn static_remotes(
             .await
             .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
             .ok();
-        let known = (id, settings.stale_after);
+        let known = Known {
+            cluster_id: id,
+            stale_after: settings.stale_after,
+            allow_external_name: settings.allow_external_name,
+        };
         let member = join(sup, ctl, remote, known, Origin::Static, settings);
         if let Ok((cfg, _)) = client::remote_config(&settings.client).await {
             let _ = member

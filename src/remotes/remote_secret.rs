@@ -13,6 +13,8 @@ pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
 pub const DATA_KEY: &str = "kubeconfig";
 /// The Secret annotation that turns on the outage policy for its remote (see `crate::remotes::outage`).
 pub const STALE_AFTER_KEY: &str = "fair.com/cross-cluster-stale-after";
+/// The Secret annotation that allows its remote to export ExternalName Services (`"true"`).
+pub const ALLOW_EXTERNAL_NAME_KEY: &str = "fair.com/cross-cluster-allow-external-name";
 /// What a Secret says, read without I/O.
 #[derive(Debug)]
 pub struct Candidate {
@@ -23,6 +25,8 @@ pub struct Candidate {
     pub hash: String,
     /// the outage policy (annotation [`STALE_AFTER_KEY`])
     pub stale_after: Option<Duration>,
+    /// its ExternalName Services are mirrored (annotation [`ALLOW_EXTERNAL_NAME_KEY`])
+    pub allow_external_name: bool,
 }
 
 /// Pure: the remote a Secret describes, or why it describes none.
@@ -48,12 +52,30 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
         None => None,
     };
-    let policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
+    let allow_external_name = match s
+        .annotations()
+        .get(ALLOW_EXTERNAL_NAME_KEY)
+        .map(String::as_str)
+    {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "annotation {ALLOW_EXTERNAL_NAME_KEY}: {other:?} is neither \"true\" nor \"false\""
+            ));
+        }
+    };
+    let mut policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
+    if allow_external_name {
+        // only when set, so the hash of a Secret without it is what it was (no rotation)
+        policy.push_str("\nexternal-name");
+    }
     Ok(Candidate {
         name,
         kubeconfig,
         hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
         stale_after,
+        allow_external_name,
     })
 }
 
@@ -120,6 +142,31 @@ mod tests {
         let mut s = secret(json!({}), Some(KUBECONFIG));
         s.metadata.annotations = Some([(NAME_KEY.to_string(), arn.to_string())].into());
         assert_eq!(read_secret(&s).unwrap().name, arn);
+    }
+
+    #[test]
+    fn the_external_name_annotation_is_read_and_part_of_the_hash() {
+        let plain = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert!(!plain.allow_external_name);
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "true".to_string())].into());
+        let allowed = read_secret(&s).unwrap();
+        assert!(allowed.allow_external_name);
+        assert_ne!(
+            plain.hash, allowed.hash,
+            "a changed annotation is a rotation"
+        );
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "false".to_string())].into());
+        assert_eq!(read_secret(&s).unwrap().hash, plain.hash);
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "yes".to_string())].into());
+        assert!(
+            read_secret(&s)
+                .unwrap_err()
+                .contains(ALLOW_EXTERNAL_NAME_KEY)
+        );
     }
 
     #[test]

@@ -222,7 +222,11 @@ impl Source {
             name: secret.clone(),
             hash: c.hash,
         };
-        let known = (Some(id.clone()), c.stale_after);
+        let known = super::join::Known {
+            cluster_id: Some(id.clone()),
+            stale_after: c.stale_after,
+            allow_external_name: c.allow_external_name,
+        };
         let member =
             super::join::join(&self.sup, &self.ctl, &remote, known, origin, &self.settings);
         let _ = member.state.credential.set(credential);
