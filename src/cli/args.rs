@@ -249,7 +249,10 @@ impl Args {
     pub fn config(&self) -> Result<crate::daemon::Config, String> {
         self.validate()?;
         let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into())
-            .with_containment(self.containment.containment(&self.namespace)?);
+            .with_containment(
+                self.containment
+                    .containment(&self.namespace, &self.watch_namespaces)?,
+            );
         let namespaces = self.watch_namespaces.clone();
         let client = crate::client::Settings {
             devmode: self.devmode,

@@ -20,15 +20,12 @@ pub struct ContainmentArgs {
     pub label_allow: Vec<String>,
 
     /// Namespaces the daemon never writes in (comma-separated); an export into one is refused
-    /// (logged, counted, an Event on the daemon's Lease). The daemon's own --namespace is always
-    /// added. Empty (`--protected-namespaces=`): only its own.
-    #[arg(
-        long,
-        env = "PROTECTED_NAMESPACES",
-        value_delimiter = ',',
-        default_values_t = DEFAULT_PROTECTED_NAMESPACES.map(String::from)
-    )]
-    pub protected_namespaces: Vec<String>,
+    /// (logged, counted, an Event on the daemon's Lease). Default: kube-system, kube-public,
+    /// kube-node-lease and the daemon's own --namespace, less any that --watch-namespace names
+    /// (the operator's explicit word). When set, exactly this list, watched or not;
+    /// `--protected-namespaces=` protects none.
+    #[arg(long, env = "PROTECTED_NAMESPACES", value_delimiter = ',')]
+    pub protected_namespaces: Option<Vec<String>>,
 
     /// Mirror the static remote's ExternalName Services (refused by default: a local name would
     /// be a CNAME to any host the remote picks). Secret remotes: the annotation
@@ -38,8 +35,9 @@ pub struct ContainmentArgs {
 }
 
 impl ContainmentArgs {
-    /// The settings, with the daemon's own namespace protected; or what is wrong with a list.
-    pub fn containment(&self, own_namespace: &str) -> Result<Containment, String> {
+    /// The settings; or what is wrong with a list. `own` is the daemon's namespace, `watched`
+    /// the namespaces --watch-namespace names.
+    pub fn containment(&self, own: &str, watched: &[String]) -> Result<Containment, String> {
         let list = |flag: &str, entries: &[String]| -> Result<Vec<String>, String> {
             let entries: Vec<String> = entries
                 .iter()
@@ -51,15 +49,20 @@ impl ContainmentArgs {
             }
             Ok(entries)
         };
-        let mut protected: Vec<String> = self
-            .protected_namespaces
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
-        if !protected.iter().any(|n| n == own_namespace) {
-            protected.push(own_namespace.to_string());
-        }
+        let protected: Vec<String> = match &self.protected_namespaces {
+            Some(given) => given
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            None => DEFAULT_PROTECTED_NAMESPACES
+                .iter()
+                .copied()
+                .chain([own])
+                .filter(|n| !watched.iter().any(|w| w == n))
+                .map(String::from)
+                .collect(),
+        };
         Ok(Containment {
             label_deny: list("--label-deny", &self.label_deny)?,
             label_allow: list("--label-allow", &self.label_allow)?,
@@ -80,8 +83,11 @@ mod tests {
     }
 
     #[test]
-    fn defaults_protect_the_system_namespaces_and_our_own() {
-        let c = Cli::parse_from(["x"]).c.containment("fair-system").unwrap();
+    fn defaults_protect_the_system_namespaces_and_our_own_unless_watched_by_name() {
+        let c = Cli::parse_from(["x"])
+            .c
+            .containment("fair-system", &[])
+            .unwrap();
         for ns in [
             "kube-system",
             "kube-public",
@@ -91,9 +97,19 @@ mod tests {
             assert!(c.protected(ns), "{ns}");
         }
         assert!(!c.protected("default"));
-        let only_ours = Cli::parse_from(["x", "--protected-namespaces="]).c;
-        let c = only_ours.containment("fair-system").unwrap();
-        assert_eq!(c.protected_namespaces, ["fair-system"]);
+        let watched = ["fair-system".to_string(), "kube-system".to_string()];
+        let c = Cli::parse_from(["x"])
+            .c
+            .containment("fair-system", &watched)
+            .unwrap();
+        assert!(!c.protected("fair-system") && !c.protected("kube-system"));
+        assert!(c.protected("kube-public"));
+        let given = Cli::parse_from(["x", "--protected-namespaces=kube-system,shop"]).c;
+        let c = given.containment("fair-system", &watched).unwrap();
+        assert_eq!(c.protected_namespaces, ["kube-system", "shop"]);
+        let none = Cli::parse_from(["x", "--protected-namespaces="]).c;
+        let c = none.containment("fair-system", &[]).unwrap();
+        assert!(c.protected_namespaces.is_empty());
     }
 
     #[test]
@@ -105,10 +121,14 @@ mod tests {
             "--label-allow=app",
         ])
         .c;
-        let c = args.containment("ns").unwrap();
+        let c = args.containment("ns", &[]).unwrap();
         assert_eq!(c.label_deny, ["team", "example.com/"]);
         assert_eq!(c.label_allow, ["app"]);
         let bad = Cli::parse_from(["x", "--label-deny", "Bad Key"]).c;
-        assert!(bad.containment("ns").unwrap_err().contains("--label-deny"));
+        assert!(
+            bad.containment("ns", &[])
+                .unwrap_err()
+                .contains("--label-deny")
+        );
     }
 }
