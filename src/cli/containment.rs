@@ -2,7 +2,8 @@
 //! namespaces, ExternalName for the static remote.
 use clap::Args;
 
-use crate::desired::containment::{Containment, DEFAULT_PROTECTED_NAMESPACES, check_entry};
+use crate::desired::check_label_entry;
+use crate::desired::containment::{Containment, DEFAULT_PROTECTED_NAMESPACES};
 
 /// What a remote may never decide about local objects.
 #[derive(Args, Debug, Clone)]
@@ -45,7 +46,7 @@ impl ContainmentArgs {
                 .filter(|e| !e.is_empty())
                 .collect();
             for e in &entries {
-                check_entry(e).map_err(|why| format!("{flag}: {why}"))?;
+                check_label_entry(e).map_err(|why| format!("{flag}: {why}"))?;
             }
             Ok(entries)
         };

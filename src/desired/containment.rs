@@ -120,16 +120,6 @@ fn matches(entry: &str, key: &str) -> bool {
     }
 }
 
-/// Checks one deny or allow list entry: a label key, or a DNS subdomain followed by `/`.
-pub fn check_entry(entry: &str) -> Result<(), String> {
-    match entry.strip_suffix('/') {
-        Some(domain) if super::meta::is_dns1123_subdomain(domain) => Ok(()),
-        Some(_) => Err(format!("{entry:?} is not a DNS subdomain followed by '/'")),
-        None => super::meta::validate_qualified_name(entry)
-            .map_err(|why| format!("{entry:?} is not a label key: {why}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,15 +192,6 @@ mod tests {
         assert_eq!(c.refuses("shop.io/tier", KEY), None);
         assert_eq!(c.refuses("shop.io/secret", KEY), Some(LabelRefusal::Denied));
         assert_eq!(c.refuses("team", KEY), Some(LabelRefusal::NotAllowed));
-    }
-
-    #[test]
-    fn list_entries_are_checked() {
-        assert!(check_entry("team").is_ok());
-        assert!(check_entry("example.com/").is_ok());
-        assert!(check_entry("example.com/team").is_ok());
-        assert!(check_entry("Example.com/").is_err());
-        assert!(check_entry("bad key").is_err());
     }
 
     #[test]

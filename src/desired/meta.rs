@@ -190,6 +190,16 @@ pub(crate) fn recorded(meta: &ObjectMeta, opts: &Options) -> Recorded {
     }
 }
 
+/// Checks one deny or allow list entry: a label key, or a DNS subdomain followed by `/`.
+pub(crate) fn check_label_entry(entry: &str) -> Result<(), String> {
+    match entry.strip_suffix('/') {
+        Some(domain) if is_dns1123_subdomain(domain) => Ok(()),
+        Some(_) => Err(format!("{entry:?} is not a DNS subdomain followed by '/'")),
+        None => validate_qualified_name(entry)
+            .map_err(|why| format!("{entry:?} is not a label key: {why}")),
+    }
+}
+
 /// Whether `s` is a valid label value (what the API server accepts).
 pub(crate) fn is_label_value(s: &str) -> bool {
     s.is_empty() || (s.len() <= LABEL_VALUE_MAX && is_qualified_name_part(s))
@@ -431,6 +441,15 @@ mod tests {
         assert!(validate_label("/app", "v").is_err());
         assert!(validate_label("a/b/c", "v").is_err());
         assert!(validate_label("", "v").is_err());
+    }
+
+    #[test]
+    fn list_entries_are_checked() {
+        assert!(check_label_entry("team").is_ok());
+        assert!(check_label_entry("example.com/").is_ok());
+        assert!(check_label_entry("example.com/team").is_ok());
+        assert!(check_label_entry("Example.com/").is_err());
+        assert!(check_label_entry("bad key").is_err());
     }
 
     #[test]

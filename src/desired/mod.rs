@@ -80,6 +80,12 @@ pub fn slice_recorded(
     meta::recorded(metadata, opts)
 }
 
+/// Checks one `--label-deny` or `--label-allow` entry: a label key, or a DNS subdomain
+/// followed by `/` (that prefix and its subdomains).
+pub fn check_label_entry(entry: &str) -> Result<(), String> {
+    meta::check_label_entry(entry)
+}
+
 /// Whether `s` is a lowercase RFC 1123 subdomain (an object name the API server accepts).
 pub fn meta_is_dns1123_subdomain(s: &str) -> bool {
     meta::is_dns1123_subdomain(s)
