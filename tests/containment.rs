@@ -193,7 +193,7 @@ async fn a_leader_with_reserved_labels_gets_none_of_them_onto_local_objects() {
     let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
     conclude(
         Report {
-            id: "70-contain-reserved-labels",
+            id: "74-contain-reserved-labels",
             scenario: "A remote leader carrying reserved labels (multicluster.kubernetes.io, service.kubernetes.io/service-proxy-name, app.kubernetes.io/managed-by, kubernetes.io/service-name, the daemon's own fair.com domain, x-k8s.io) and one the operator denies",
             done: "a daemon with --label-deny secret --endpoints-mode both; the leader and one slice created in east",
             converge: Some(took),
@@ -295,7 +295,7 @@ async fn external_name_is_refused_by_default_and_allowed_by_the_secret_annotatio
     let after = snapshot(&l, &[&ns.name]).await;
     conclude(
         Report {
-            id: "71-contain-external-name",
+            id: "75-contain-external-name",
             scenario: "A remote exports an ExternalName Service (a CNAME to a host of its choice under a local name)",
             done: "a Secret remote without, then with, then again without the annotation fair.com/cross-cluster-allow-external-name: \"true\"",
             converge: Some(allowed_in),
@@ -410,7 +410,7 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
     let after = snapshot(&l, &["kube-system", ns.name.as_str()]).await;
     conclude(
         Report {
-            id: "72-contain-kube-system",
+            id: "76-contain-kube-system",
             scenario: "A remote exports a Service in kube-system (a protected namespace by default)",
             done: "a daemon watching every namespace, defaults otherwise; a leader and its slice created in east's kube-system, another leader in the test's namespace",
             converge: Some(took),
@@ -573,7 +573,7 @@ async fn a_follower_the_local_team_took_over_keeps_its_selector_and_loses_our_sl
     let after = snapshot(&l, &[&ns.name]).await;
     conclude_since(
         Report {
-            id: "73-contain-squatting",
+            id: "77-contain-squatting",
             scenario: "Squatting: a remote exported app/api before the local team created it; the team's kubectl apply (a selector) patches the follower",
             done: "kubectl apply -f (client side) of the team's Service with a selector over the follower; then east changes its slice and stops exporting",
             converge: Some(took),
