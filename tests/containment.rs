@@ -100,6 +100,8 @@ fn foreign_reserved(labels: &std::collections::BTreeMap<String, String>, svc: &s
             KEY => v.as_str() != "follower",
             "kubernetes.io/service-name" => v.as_str() != svc,
             "endpointslice.kubernetes.io/managed-by" => v.as_str() != MANAGED_BY,
+            // on our Endpoints when slices are written too
+            "endpointslice.kubernetes.io/skip-mirror" => v.as_str() != "true",
             // our slices name their remote (the remote's name, never its labels)
             "fair.com/cross-cluster-origin-cluster" => v.as_str() != REMOTE,
             "multicluster.kubernetes.io/source-cluster" => false,
@@ -335,13 +337,16 @@ impl Drop for KubeSystem {
 async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
     let _one = SERIAL.lock().await;
     let ns = namespace("contain-kube-system").await;
+    // the daemon's own namespace (its Lease), in both clusters: protected by default too
+    let own = namespace("contain-own").await;
     let name = format!("xcc-ks-{}", &ns.name[ns.name.len() - 8..]);
     let _cleanup = KubeSystem(name.clone());
     let (r, l) = (client(REMOTE).await, client(LOCAL).await);
     let pp = PostParams::default();
-    let before = snapshot(&l, &["kube-system", ns.name.as_str()]).await;
+    let watched = ["kube-system", ns.name.as_str(), own.name.as_str()];
+    let before = snapshot(&l, &watched).await;
     // every namespace watched (no --watch-namespace): kube-system is protected by default
-    let mut args = with_args(args_for(&ns.name), &["--sweep-schedule", "*/2 * * * * *"]);
+    let mut args = with_args(args_for(&own.name), &["--sweep-schedule", "*/2 * * * * *"]);
     let i = args
         .iter()
         .position(|a| a == "--watch-namespace")
@@ -366,7 +371,12 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
         )
         .await
         .unwrap();
-    // an export beside it, in the test's namespace: mirrored (the daemon is working)
+    // and one into the daemon's own namespace
+    Api::<Service>::namespaced(r.clone(), &own.name)
+        .create(&pp, &exported("own", 80))
+        .await
+        .unwrap();
+    // an export beside them, in the test's namespace: mirrored (the daemon is working)
     Api::<Service>::namespaced(r, &ns.name)
         .create(&pp, &exported("web", 80))
         .await
@@ -379,14 +389,15 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
         || async {
             present(&local_web, "web").await?;
             let n = d.metric("xcc_skipped_total", &protected);
-            if n < 1.0 {
+            if n < 2.0 {
                 return Err(format!("xcc_skipped_total NamespaceProtected = {n}"));
             }
-            if !d
-                .logs()
-                .lines()
-                .any(|l| l.contains("NamespaceProtected") && l.contains(&name))
-            {
+            let logs = d.logs();
+            let logged = |what: &str| {
+                logs.lines()
+                    .any(|l| l.contains("NamespaceProtected") && l.contains(what))
+            };
+            if !logged(&name) || !logged(&format!("{}/own", own.name)) {
                 return Err("no log line yet".into());
             }
             Ok(())
@@ -407,15 +418,15 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
         slices_of(&ks_slices, &name).await.unwrap().is_empty(),
         "no slice in kube-system"
     );
-    let after = snapshot(&l, &["kube-system", ns.name.as_str()]).await;
+    let after = snapshot(&l, &watched).await;
     conclude(
         Report {
             id: "76-contain-kube-system",
-            scenario: "A remote exports a Service in kube-system (a protected namespace by default)",
-            done: "a daemon watching every namespace, defaults otherwise; a leader and its slice created in east's kube-system, another leader in the test's namespace",
+            scenario: "A remote exports a Service in kube-system, and one in the daemon's own namespace (both protected by default)",
+            done: "a daemon watching every namespace, defaults otherwise; a leader and its slice created in east's kube-system, one in the daemon's namespace, another leader in the test's namespace",
             converge: Some(took),
             note: format!(
-                "refused: xcc_skipped_total NamespaceProtected counted and logged; no Service or slice written in west's kube-system over 2 further sweeps; the other leader mirrored ({:.1} s)",
+                "both refused: xcc_skipped_total NamespaceProtected counted and logged; no Service or slice written in west's kube-system or the daemon's namespace over 2 further sweeps; the other leader mirrored ({:.1} s)",
                 took.as_secs_f64()
             ),
         },
