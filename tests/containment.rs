@@ -251,6 +251,12 @@ async fn external_name_is_refused_by_default_and_allowed_by_the_secret_annotatio
         WAIT,
         || async {
             present(&local_svc, "web").await?;
+            if let Ok(f) = present(&local_svc, "db").await {
+                return Err(format!(
+                    "an ExternalName follower was written: {:?}",
+                    f.spec
+                ));
+            }
             let n = d.metric("xcc_skipped_total", &skipped);
             if n < 1.0 {
                 return Err(format!("xcc_skipped_total ExternalNameRefused = {n}"));
@@ -382,12 +388,19 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
         .await
         .unwrap();
     let local_web: Api<Service> = Api::namespaced(l.clone(), &ns.name);
+    let local_ks: Api<Service> = Api::namespaced(l.clone(), "kube-system");
     let protected = [("remote", REMOTE), ("reason", "NamespaceProtected")];
     eventually(
         "the kube-system export refused, the other mirrored",
         WAIT,
         || async {
             present(&local_web, "web").await?;
+            if let Ok(f) = present(&local_ks, &name).await {
+                return Err(format!(
+                    "a follower was written in kube-system: {}",
+                    f.name_any()
+                ));
+            }
             let n = d.metric("xcc_skipped_total", &protected);
             if n < 2.0 {
                 return Err(format!("xcc_skipped_total NamespaceProtected = {n}"));
@@ -511,6 +524,11 @@ async fn a_follower_the_local_team_took_over_keeps_its_selector_and_loses_our_sl
         .expect("kubectl task");
     let events: Api<Event> = Api::namespaced(l.clone(), &ns.name);
     eventually("our slice removed, the takeover reported", WAIT, || async {
+        let svc = present(&local_svc, "api").await?;
+        let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+        if selector.get("app").map(String::as_str) != Some("api") {
+            return Err(format!("the team's selector was stripped: {selector:?}"));
+        }
         let n = slices_of(&local_sl, "api")
             .await?
             .iter()
