@@ -41,6 +41,13 @@ async fn start(ns: &str, extra: &[&str]) -> Daemon {
     d
 }
 
+/// A counter inside an `eventually`: a series not published yet is a reason to wait (and, on a
+/// daemon without it, the last reason given), not a panic.
+fn count(d: &Daemon, name: &str, labels: &[(&str, &str)]) -> Result<f64, String> {
+    d.gauge(name, labels)
+        .ok_or_else(|| format!("no series {name}{labels:?}"))
+}
+
 async fn slices_of(api: &Api<EndpointSlice>, svc: &str) -> Result<Vec<EndpointSlice>, String> {
     let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
     Ok(api.list(&lp).await.map_err(|e| e.to_string())?.items)
@@ -176,14 +183,16 @@ async fn a_leader_with_reserved_labels_gets_none_of_them_onto_local_objects() {
                     "reserved or denied labels on local objects: {bad:?}"
                 ));
             }
-            let reserved = d.metric(
+            let reserved = count(
+                &d,
                 "xcc_labels_refused_total",
                 &[("remote", REMOTE), ("reason", "reserved")],
-            );
-            let denied = d.metric(
+            )?;
+            let denied = count(
+                &d,
                 "xcc_labels_refused_total",
                 &[("remote", REMOTE), ("reason", "denied")],
-            );
+            )?;
             if reserved < RESERVED.len() as f64 || denied < 1.0 {
                 return Err(format!("refused: reserved {reserved}, denied {denied}"));
             }
@@ -257,7 +266,7 @@ async fn external_name_is_refused_by_default_and_allowed_by_the_secret_annotatio
                     f.spec
                 ));
             }
-            let n = d.metric("xcc_skipped_total", &skipped);
+            let n = count(&d, "xcc_skipped_total", &skipped)?;
             if n < 1.0 {
                 return Err(format!("xcc_skipped_total ExternalNameRefused = {n}"));
             }
@@ -401,7 +410,7 @@ async fn an_export_into_kube_system_is_refused_and_nothing_is_written_there() {
                     f.name_any()
                 ));
             }
-            let n = d.metric("xcc_skipped_total", &protected);
+            let n = count(&d, "xcc_skipped_total", &protected)?;
             if n < 2.0 {
                 return Err(format!("xcc_skipped_total NamespaceProtected = {n}"));
             }
@@ -537,7 +546,7 @@ async fn a_follower_the_local_team_took_over_keeps_its_selector_and_loses_our_sl
         if n > 0 {
             return Err(format!("{n} slices of ours left"));
         }
-        let m = d.metric("xcc_followers_taken_over_total", &[("remote", REMOTE)]);
+        let m = count(&d, "xcc_followers_taken_over_total", &[("remote", REMOTE)])?;
         if m < 1.0 {
             return Err(format!("xcc_followers_taken_over_total = {m}"));
         }
