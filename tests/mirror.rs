@@ -520,7 +520,8 @@ async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
 #[tokio::test]
 async fn headless_external_name_and_2500_endpoints() {
     let e = env("mirror-shapes").await;
-    let d = start(&e, &[]).await;
+    // ExternalName is refused by default (tests/containment.rs): this remote is allowed it
+    let d = start(&e, &["--remote-allow-external-name"]).await;
     e.remote_svc
         .create(
             &PostParams::default(),
