@@ -432,6 +432,8 @@ pub fn opts() -> Options {
         cluster_name: REMOTE.to_string(),
         endpoints_mode: EndpointsMode::Slices,
         cluster_id: None,
+        containment: Default::default(),
+        allow_external_name: false,
     }
 }
 
@@ -494,6 +496,7 @@ pub fn ctx(
         fallback_ref: ObjectReference::default(),
         events_sent: parking_lot::Mutex::new(EventLimiter::new(Duration::from_secs(300))),
         export_conflicts: parking_lot::Mutex::default(),
+        taken_over: parking_lot::Mutex::default(),
         mcs: None,
     }
 }

@@ -654,6 +654,23 @@ impl Drop for SouthNameGone {
             let api: Api<ClusterProperty> = Api::all(client(SOUTH).await);
             let _ = api
                 .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+/// What the kube-system case makes in east's kube-system, deleted when dropped.
+struct EastKubeSystem(String);
+
+impl Drop for EastKubeSystem {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        support::block_on_thread(async move {
+            let c = client(REMOTE).await;
+            let dp = DeleteParams::default();
+            let _ = Api::<ServiceExport>::namespaced(c.clone(), "kube-system")
+                .delete(&name, &dp)
+                .await;
+            let _ = Api::<EndpointSlice>::namespaced(c.clone(), "kube-system")
+                .delete(&format!("{name}-src"), &dp)
+                .await;
+            let _ = Api::<Service>::namespaced(c, "kube-system")
+                .delete(&name, &dp)
                 .await;
         });
     }
@@ -870,4 +887,99 @@ async fn withdrawn_while_the_holder_is_down(test: &str, east: East) {
     )
     .await;
     assert!(d.exited().is_none(), "{}", d.logs());
+#[tokio::test]
+async fn an_export_into_kube_system_is_never_imported() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    // the daemon's own namespace (its Lease), and one it imports into
+    let own = namespace("mcs-own").await;
+    let ns = namespace("mcs-protected").await;
+    let name = format!("xcc-mcs-{}", &ns.name[ns.name.len() - 8..]);
+    let _cleanup = EastKubeSystem(name.clone());
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    service(&east, "kube-system", &name, 80, &["10.203.1.5"]).await;
+    export(&east, "kube-system", &name).await;
+    service(&east, &ns.name, "web", 80, &["10.203.1.6"]).await;
+    export(&east, &ns.name, "web").await;
+    // every namespace read (no --watch-namespace): kube-system is protected by default
+    let mut args = with_args(
+        args_for(&own.name),
+        &["--mcs", "--local-cluster-name", LOCAL],
+    );
+    let i = args
+        .iter()
+        .position(|a| a == "--watch-namespace")
+        .expect("flag");
+    args.drain(i..i + 2);
+    let d = Daemon::start(&args).await;
+    import_listing(&west, &ns.name, "web", &[REMOTE]).await;
+
+    let imports: Api<ServiceImport> = Api::namespaced(west.clone(), "kube-system");
+    let services: Api<Service> = Api::namespaced(west.clone(), "kube-system");
+    let derived = derived_name("kube-system", &name);
+    let nothing_there = || async {
+        if imports
+            .get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Err(format!("a ServiceImport {name} was written in kube-system"));
+        }
+        if services
+            .get_opt(&derived)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Err(format!(
+                "a derived Service {derived} was written in kube-system"
+            ));
+        }
+        let slices = mcs_slices(&west, "kube-system", &name).await;
+        if !slices.is_empty() {
+            return Err(format!("MCS slices written in kube-system: {slices:?}"));
+        }
+        Ok(())
+    };
+    eventually(
+        "the kube-system export refused and logged",
+        WAIT,
+        || async {
+            nothing_there().await?;
+            let key = format!("mcs:kube-system/{name}");
+            if !d
+                .logs()
+                .lines()
+                .any(|l| l.contains("NamespaceProtected") && l.contains(&key))
+            {
+                return Err("no NamespaceProtected log line yet".into());
+            }
+            Ok(())
+        },
+    )
+    .await;
+    // a later pass of the key (another change of its export) still writes nothing there
+    service(&east, "kube-system", &format!("{name}-b"), 80, &[]).await;
+    let _more = EastKubeSystem(format!("{name}-b"));
+    export(&east, "kube-system", &format!("{name}-b")).await;
+    eventually(
+        "the second kube-system export refused too",
+        WAIT,
+        || async {
+            let key = format!("mcs:kube-system/{name}-b");
+            if d.logs()
+                .lines()
+                .any(|l| l.contains("NamespaceProtected") && l.contains(&key))
+            {
+                Ok(())
+            } else {
+                Err("no log line yet".into())
+            }
+        },
+    )
+    .await;
+    nothing_there()
+        .await
+        .expect("nothing written in kube-system");
 }

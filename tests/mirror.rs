@@ -387,9 +387,13 @@ async fn manual_edits_and_deletes_of_a_follower_are_restored() {
     })
     .await;
 
-    // someone adds a selector and changes a port by hand
+    // someone changes a port by hand (a selector would take the Service over: tests/containment.rs)
     e.local_svc
-        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"selector": {"app": "x"}, "ports": [{"name": "http", "port": 1234}]}})))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"name": "http", "port": 1234}]}})),
+        )
         .await
         .unwrap();
     eventually("the hand edit to be undone", WAIT, || async {
@@ -516,7 +520,8 @@ async fn a_restarted_daemon_writes_nothing_when_nothing_changed() {
 #[tokio::test]
 async fn headless_external_name_and_2500_endpoints() {
     let e = env("mirror-shapes").await;
-    let d = start(&e, &[]).await;
+    // ExternalName is refused by default (tests/containment.rs): this remote is allowed it
+    let d = start(&e, &["--remote-allow-external-name"]).await;
     e.remote_svc
         .create(
             &PostParams::default(),

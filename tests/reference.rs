@@ -137,6 +137,8 @@ fn names() -> String {
         cluster_name: String::new(),
         endpoints_mode: desired::EndpointsMode::Slices,
         cluster_id: None,
+        containment: Default::default(),
+        allow_external_name: false,
     };
     let rows = [
         (

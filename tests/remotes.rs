@@ -653,7 +653,16 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
     let t0 = Instant::now();
     for (name, context) in [("east", REMOTE), ("south", SOUTH)] {
         let kc = kubeconfig_of(context, |_| {}).await;
-        apply_secret(&secrets, &remote_secret(name, None, Some(&kc))).await;
+        let mut secret = remote_secret(name, None, Some(&kc));
+        // `kind-ext` below is an ExternalName export, refused unless its remote is allowed them
+        secret.metadata.annotations = Some(
+            [(
+                "fair.com/cross-cluster-allow-external-name".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        apply_secret(&secrets, &secret).await;
     }
     let want = vec![
         ("east".to_string(), "10.1.0.1".to_string()),

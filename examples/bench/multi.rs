@@ -208,6 +208,8 @@ async fn desired_followers(remotes: &[(String, Client)], ns: &str) -> Res<Vec<Fo
         cluster_name,
         endpoints_mode: EndpointsMode::Slices,
         cluster_id,
+        containment: Default::default(),
+        allow_external_name: false,
     };
     let lp = kube::api::ListParams::default().labels(&format!("{KEY}=true"));
     let mut held = Vec::new();

@@ -196,6 +196,9 @@ pub struct Args {
     /// Annotation `fair.com/cross-cluster-max-cache-bytes`.
     #[arg(long, env = "REMOTE_MAX_CACHE_BYTES", default_value = "64Mi", value_parser = crate::state::budget::parse_bytes)]
     pub remote_max_cache_bytes: u64,
+
+    #[command(flatten)]
+    pub containment: super::containment::ContainmentArgs,
 }
 
 /// A response limit: a byte count of at least 64 KiB.
@@ -306,7 +309,11 @@ impl Args {
     /// The daemon's configuration, one part per component, once the flags are valid.
     pub fn config(&self) -> Result<crate::daemon::Config, String> {
         self.validate()?;
-        let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into());
+        let opts = Options::new(self.label_key.clone(), self.endpoints_mode.into())
+            .with_containment(
+                self.containment
+                    .containment(&self.namespace, &self.watch_namespaces)?,
+            );
         let namespaces = self.watch_namespaces.clone();
         let client = crate::client::Settings {
             devmode: self.devmode,
@@ -339,6 +346,7 @@ impl Args {
                 namespaces: namespaces.clone(),
                 api_timeout: self.api_timeout(),
                 stale_after: self.remote_stale_after_seconds.map(Duration::from_secs),
+                allow_external_name: self.containment.remote_allow_external_name,
                 client: client.clone(),
                 mcs: self.mcs,
                 allowed_cidrs: self.remote_allowed_cidrs.0.clone(),

@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod args;
+pub mod containment;
 pub mod remote_access;
 pub mod status;
 

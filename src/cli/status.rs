@@ -449,6 +449,8 @@ async fn gather(args: &StatusArgs) -> Result<Report, String> {
         cluster_name: String::new(),
         endpoints_mode: crate::desired::EndpointsMode::Slices,
         cluster_id: None,
+        containment: Default::default(),
+        allow_external_name: false,
     };
     let keys = Keys::new(&opts);
     let c = client(args).await?;

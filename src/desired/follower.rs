@@ -2,6 +2,7 @@
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::containment::Refused;
 use super::options::{EXPORT_VALUE, Options, Skip};
 use super::{endpoints, meta, service, slices};
 
@@ -16,6 +17,8 @@ pub struct Follower {
     /// The follower core/v1 Endpoints; `None` in [`EndpointsMode::Slices`] and for ExternalName
     /// exported Services.
     pub endpoints: Option<Endpoints>,
+    /// the remote labels not copied (reserved prefixes, the operator's lists), by why
+    pub refused_labels: Refused,
 }
 
 /// Remote exported Service (must carry `<key>=true`) plus ALL remote EndpointSlices of it ->
@@ -42,14 +45,18 @@ pub fn follower(
     let namespace =
         non_empty(remote.metadata.namespace.as_deref()).ok_or(Skip::MissingNamespace)?;
 
-    let service = service::desired_service(remote, name, namespace, opts);
+    let (service, refused_labels) = service::desired_service(remote, name, namespace, opts);
     meta::validate(&service.metadata)?;
 
     if service::is_external_name(&service) {
+        if !opts.allow_external_name {
+            return Err(Skip::ExternalNameRefused);
+        }
         return Ok(Follower {
             service,
             slices: Vec::new(),
             endpoints: None,
+            refused_labels,
         });
     }
 
@@ -80,6 +87,7 @@ pub fn follower(
         service,
         slices: desired_slices,
         endpoints: desired_endpoints,
+        refused_labels,
     })
 }
 

@@ -1,13 +1,17 @@
 //! One follower for a Service several remotes export (the same namespace/name): the union of
-//! their ports by name and per-remote EndpointSlices, with Service-level conflicts resolved as
-//! the MCS API resolves export conflicts: the oldest exported Service (creationTimestamp, then cluster
-//! name) wins, and every loser is reported.
+//! their ports by name and per-remote EndpointSlices, with Service-level conflicts (type,
+//! ExternalName target, session affinity) resolved by one rule that no remote's timestamp can
+//! game: the remote the live follower records as its origin (`origin-cluster`, the winner this
+//! daemon observed first) keeps winning for as long as it exports; only without one (no follower
+//! yet, or its origin no longer exports) does the oldest exported Service (creationTimestamp, then
+//! cluster name) win, as the MCS API resolves export conflicts. Every loser is reported.
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::containment::Refused;
 use super::follower::{Follower, follower};
 use super::options::{Options, Skip};
 use super::{endpoints, service, slices};
@@ -66,12 +70,29 @@ pub struct Merged {
     /// remotes whose exported Service cannot be mirrored, with why (their slices are left as they are)
     pub skipped: Vec<(String, Skip)>,
     pub conflicts: Vec<Conflict>,
+    /// each mirrored remote's labels that were not copied, by why
+    pub refused_labels: Vec<(String, Refused)>,
 }
 
-/// Oldest first; an exported Service without a creationTimestamp sorts last; ties by cluster name.
-fn age_key<'a>(e: &'a Export<'_>) -> (bool, Option<&'a Time>, &'a str) {
+/// The recorded origin first; then oldest first; an exported Service without a creationTimestamp
+/// sorts last; ties by cluster name.
+fn rank_key<'a>(
+    e: &'a Export<'_>,
+    origin: Option<&str>,
+) -> (bool, bool, Option<&'a Time>, &'a str) {
     let created = e.exported.metadata.creation_timestamp.as_ref();
-    (created.is_none(), created, e.opts.cluster_name.as_str())
+    let name = e.opts.cluster_name.as_str();
+    (origin != Some(name), created.is_none(), created, name)
+}
+
+/// The remote a live follower records as the origin of its Service-level fields.
+fn recorded_origin<'a>(live: Option<&'a Service>, opts: &Options) -> Option<&'a str> {
+    live?
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(&opts.origin_cluster_annotation())
+        .map(String::as_str)
 }
 
 /// Pure: the follower of `exports`. `held` are remotes the follower records whose state cannot
@@ -107,11 +128,19 @@ pub fn merge(
         })
         .collect();
     let mut order: Vec<(&Export<'_>, &Vec<&EndpointSlice>)> = exports.iter().zip(&inputs).collect();
-    order.sort_by(|a, b| age_key(a.0).cmp(&age_key(b.0)));
+    let origin = recorded_origin(live, opts);
+    order.sort_by(|a, b| rank_key(a.0, origin).cmp(&rank_key(b.0, origin)));
     let mut parts: Vec<(&Export<'_>, &[&EndpointSlice], Follower)> = Vec::new();
     for (e, input) in order {
         match follower(e.exported, input, e.opts) {
-            Ok(f) => parts.push((e, input, f)),
+            Ok(f) => {
+                if !f.refused_labels.is_empty() {
+                    let refused = f.refused_labels.clone();
+                    out.refused_labels
+                        .push((e.opts.cluster_name.clone(), refused));
+                }
+                parts.push((e, input, f))
+            }
             Err(skip) => out.skipped.push((e.opts.cluster_name.clone(), skip)),
         }
     }
@@ -183,6 +212,7 @@ pub fn merge(
         service: svc,
         slices: slices_out,
         endpoints,
+        refused_labels: Refused::new(),
     });
     out
 }
@@ -509,8 +539,109 @@ mod tests {
     }
 
     #[test]
+    fn a_backdated_export_cannot_take_over_the_recorded_origin() {
+        let (mut east, mut north) = (remote("east", None), remote("north", None));
+        east.allow_external_name = true;
+        north.allow_external_name = true;
+        let honest = web("2025-01-01T00:00:00Z");
+        // north backdates its ExternalName export to before east's
+        let hostile = exported(
+            "2000-01-01T00:00:00Z",
+            json!({"type": "ExternalName", "externalName": "evil.example.com"}),
+        );
+        let exports = [
+            export(&east, &honest, vec![]),
+            export(&north, &hostile, vec![]),
+        ];
+        assert_eq!(
+            annotation(&merged(&exports), "origin-cluster"),
+            "north",
+            "no follower yet: the oldest wins"
+        );
+        // the live follower records east, which this daemon saw first
+        let mut live = web("2025-01-01T00:00:00Z");
+        live.metadata.annotations = Some(
+            [(
+                "fair.com/cross-cluster-origin-cluster".to_string(),
+                "east".to_string(),
+            )]
+            .into(),
+        );
+        let o = opts(EndpointsMode::Slices);
+        let m = merge(&exports, &BTreeSet::new(), Some(&live), &o);
+        assert_eq!(annotation(&m, "origin-cluster"), "east");
+        let spec = m.follower.as_ref().unwrap().service.spec.clone().unwrap();
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(spec.external_name, None);
+        assert_eq!(m.conflicts[0].cluster, "north");
+        assert_eq!(m.conflicts[0].winner, "east");
+        // once east stops exporting, the rule falls back to the oldest
+        let m = merge(&exports[1..], &BTreeSet::new(), Some(&live), &o);
+        assert_eq!(annotation(&m, "origin-cluster"), "north");
+    }
+
+    #[test]
+    fn reserved_labels_are_refused_and_counted_per_remote() {
+        let east = remote("east", None);
+        let mut a = web("2024-01-01T00:00:00Z");
+        let labels = a.metadata.labels.as_mut().unwrap();
+        for key in [
+            "multicluster.kubernetes.io/service-name",
+            "service.kubernetes.io/service-proxy-name",
+            "app.kubernetes.io/managed-by",
+            "fair.com/other",
+        ] {
+            labels.insert(key.to_string(), "x".to_string());
+        }
+        labels.insert("team".to_string(), "shop".to_string());
+        let s = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+        let exports = [export(&east, &a, vec![&s])];
+        let m = merged(&exports);
+        let f = m.follower.as_ref().unwrap();
+        let metas = [&f.service.metadata, &f.slices[0].metadata];
+        for meta in metas {
+            let labels = meta.labels.as_ref().unwrap();
+            assert_eq!(labels["team"], "shop");
+            assert_eq!(labels["fair.com/cross-cluster"], "follower");
+            for key in labels.keys() {
+                let ours = [
+                    "fair.com/cross-cluster",
+                    "fair.com/cross-cluster-origin-cluster",
+                    "kubernetes.io/service-name",
+                    "endpointslice.kubernetes.io/managed-by",
+                    MCS_SOURCE_CLUSTER_LABEL,
+                ];
+                assert!(
+                    !key.contains("kubernetes.io") && !key.starts_with("fair.com")
+                        || ours.contains(&key.as_str()),
+                    "{key} reached a local object"
+                );
+            }
+        }
+        let count = m.refused_labels[0].1[&crate::desired::containment::LabelRefusal::Reserved];
+        assert_eq!((m.refused_labels[0].0.as_str(), count), ("east", 4));
+    }
+
+    #[test]
+    fn external_name_is_refused_unless_the_remote_is_allowed_it() {
+        let mut east = remote("east", None);
+        let a = exported(
+            "2024-01-01T00:00:00Z",
+            json!({"type": "ExternalName", "externalName": "db.example.com"}),
+        );
+        let m = merged(&[export(&east, &a, vec![])]);
+        assert!(m.follower.is_none());
+        assert_eq!(m.skipped, [("east".to_string(), Skip::ExternalNameRefused)]);
+        east.allow_external_name = true;
+        let m = merged(&[export(&east, &a, vec![])]);
+        assert!(m.skipped.is_empty());
+        assert!(m.follower.is_some());
+    }
+
+    #[test]
     fn an_external_name_winner_takes_no_endpoints() {
-        let (east, north) = (remote("east", None), remote("north", None));
+        let (mut east, north) = (remote("east", None), remote("north", None));
+        east.allow_external_name = true;
         let a = exported(
             "2024-01-01T00:00:00Z",
             json!({"type": "ExternalName", "externalName": "db.example.com"}),

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::options::{FOLLOWER_VALUE, Options, Recorded, Skip};
+use super::containment::Refused;
+use super::options::{FIELD_MANAGER, FOLLOWER_VALUE, Options, Recorded, Skip};
 
 /// The API server's limit on the total size of an object's annotation keys and values.
 pub(crate) const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
@@ -15,11 +16,30 @@ const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
 pub(crate) type StringMap = BTreeMap<String, String>;
 
-/// The remote labels with `<key>=follower` on top.
-pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> StringMap {
-    let mut labels = remote.cloned().unwrap_or_default();
+/// The remote labels a follower may carry, with `<key>=follower` on top, and how many were
+/// refused (reserved prefixes, the operator's deny or allow list: see [`Containment`]).
+///
+/// [`Containment`]: super::containment::Containment
+pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> (StringMap, Refused) {
+    let mut refused = Refused::new();
+    let mut labels: StringMap = remote
+        .into_iter()
+        .flatten()
+        // the label key itself is replaced by `=follower` (not counted: every export has it)
+        .filter(|(key, _)| *key != &opts.label_key)
+        .filter(
+            |(key, _)| match opts.containment.refuses(key, &opts.label_key) {
+                Some(why) => {
+                    *refused.entry(why).or_default() += 1;
+                    false
+                }
+                None => true,
+            },
+        )
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
-    labels
+    (labels, refused)
 }
 
 /// The annotation recording which label keys we copied from the leader: comma-separated, sorted.
@@ -103,16 +123,53 @@ pub(crate) fn origin_annotations(namespace: &str, name: &str, opts: &Options) ->
     annotations
 }
 
-/// What a local object records about where it came from, judged by its follower label and
-/// origin annotations: the remotes listed in `origin-clusters` (a merged follower), else the one
-/// in `origin-cluster`, else none (a follower the Go controller left).
-pub(crate) fn recorded(meta: &ObjectMeta, opts: &Options) -> Recorded {
-    let is_follower = meta
-        .labels
+/// The annotation `kubectl apply` (client side) leaves on what it applied.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether an object carries `<key>=follower`.
+pub(crate) fn is_follower(meta: &ObjectMeta, opts: &Options) -> bool {
+    meta.labels
         .as_ref()
         .and_then(|labels| labels.get(&opts.label_key))
-        .is_some_and(|value| value == FOLLOWER_VALUE);
-    if !is_follower {
+        .is_some_and(|value| value == FOLLOWER_VALUE)
+}
+
+/// Why a local user has taken an object over, judged by its metadata, if they have: `kubectl
+/// apply` left its record on it, or another field manager than ours owns its selector or
+/// declared (server-side apply) fields of its spec. Our writer only ever updates (operation
+/// `Update`), so an `Apply` entry is never ours. The caches hold no managedFields (memory), so a
+/// pass sees the first sign only; the sweeper's listings and a read after a 409 see all.
+pub(crate) fn taken_over(meta: &ObjectMeta) -> Option<&'static str> {
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(LAST_APPLIED_ANNOTATION))
+    {
+        return Some("kubectl apply");
+    }
+    for entry in meta.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() == Some(FIELD_MANAGER) {
+            continue;
+        }
+        let Some(spec) = entry.fields_v1.as_ref().and_then(|f| f.0.get("f:spec")) else {
+            continue;
+        };
+        if spec.get("f:selector").is_some() {
+            return Some("another field manager owns its selector");
+        }
+        if entry.operation.as_deref() == Some("Apply") {
+            return Some("another field manager applied its spec");
+        }
+    }
+    None
+}
+
+/// What a local object records about where it came from, judged by its follower label and
+/// origin annotations: the remotes listed in `origin-clusters` (a merged follower), else the one
+/// in `origin-cluster`, else none (a follower the Go controller left). One a local user has
+/// taken over ([`taken_over`]) is not ours any more.
+pub(crate) fn recorded(meta: &ObjectMeta, opts: &Options) -> Recorded {
+    if !is_follower(meta, opts) || taken_over(meta).is_some() {
         return Recorded::NotOurs;
     }
     let annotations = meta.annotations.as_ref();
@@ -130,6 +187,16 @@ pub(crate) fn recorded(meta: &ObjectMeta, opts: &Options) -> Recorded {
     match get(opts.origin_cluster_annotation()) {
         Some(cluster) => Recorded::From([cluster.clone()].into()),
         None => Recorded::GoEra,
+    }
+}
+
+/// Checks one deny or allow list entry: a label key, or a DNS subdomain followed by `/`.
+pub(crate) fn check_label_entry(entry: &str) -> Result<(), String> {
+    match entry.strip_suffix('/') {
+        Some(domain) if is_dns1123_subdomain(domain) => Ok(()),
+        Some(_) => Err(format!("{entry:?} is not a DNS subdomain followed by '/'")),
+        None => validate_qualified_name(entry)
+            .map_err(|why| format!("{entry:?} is not a label key: {why}")),
     }
 }
 
@@ -374,6 +441,15 @@ mod tests {
         assert!(validate_label("/app", "v").is_err());
         assert!(validate_label("a/b/c", "v").is_err());
         assert!(validate_label("", "v").is_err());
+    }
+
+    #[test]
+    fn list_entries_are_checked() {
+        assert!(check_label_entry("team").is_ok());
+        assert!(check_label_entry("example.com/").is_ok());
+        assert!(check_label_entry("example.com/team").is_ok());
+        assert!(check_label_entry("Example.com/").is_err());
+        assert!(check_label_entry("bad key").is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 
 pub mod addresses;
 mod api;
+pub mod containment;
 mod endpoints;
 pub(crate) mod follower;
 pub mod mcs;
@@ -33,7 +34,7 @@ pub use endpoints::endpoints_change;
 pub use follower::{Follower, follower};
 pub use merge::{Conflict, ConflictKind, Export, Merged, merge, not_ready};
 pub use options::*;
-pub use outcome::{NAMESPACE_MISSING, Outcome};
+pub use outcome::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome};
 pub use service::{ServiceChange, service_change};
 pub use slices::{set_slice_owner, slice_change};
 
@@ -43,6 +44,24 @@ pub fn recorded(
     opts: &Options,
 ) -> Recorded {
     meta::recorded(metadata, opts)
+}
+
+/// Why a local user has taken over a follower Service, if they have: it has a selector (a
+/// follower never has one), `kubectl apply` left its record on it, or another field manager
+/// owns its selector or applied its spec. Such a Service is not ours any more: the daemon
+/// leaves it alone and removes only its own slices.
+pub fn taken_over(
+    svc: &k8s_openapi::api::core::v1::Service,
+    opts: &Options,
+) -> Option<&'static str> {
+    if !meta::is_follower(&svc.metadata, opts) {
+        return None;
+    }
+    let selector = svc.spec.as_ref().and_then(|s| s.selector.as_ref());
+    if selector.is_some_and(|s| !s.is_empty()) {
+        return Some("it has a selector");
+    }
+    meta::taken_over(&svc.metadata)
 }
 
 /// The remote a local EndpointSlice records: as for a Service, but a slice whose
@@ -60,6 +79,12 @@ pub fn slice_recorded(
         return Recorded::NotOurs;
     }
     meta::recorded(metadata, opts)
+}
+
+/// Checks one `--label-deny` or `--label-allow` entry: a label key, or a DNS subdomain
+/// followed by `/` (that prefix and its subdomains).
+pub fn check_label_entry(entry: &str) -> Result<(), String> {
+    meta::check_label_entry(entry)
 }
 
 /// Whether `s` is a lowercase RFC 1123 subdomain (an object name the API server accepts).
@@ -265,6 +290,57 @@ mod tests {
             slice_recorded(&slice("endpointslicemirroring-controller.k8s.io", one), &o),
             Recorded::NotOurs
         );
+    }
+
+    #[test]
+    fn a_follower_a_local_user_took_over_is_not_ours() {
+        let o = opts(EndpointsMode::Slices);
+        let follower_svc = |extra: serde_json::Value| -> k8s_openapi::api::core::v1::Service {
+            let mut v = json!({"metadata": {"name": "web", "namespace": "shop",
+                "labels": {"fair.com/cross-cluster": "follower"},
+                "annotations": {"fair.com/cross-cluster-origin-cluster": "remote-a"}},
+                "spec": {"ports": [{"port": 80}]}});
+            json_merge(&mut v, extra);
+            serde_json::from_value(v).unwrap()
+        };
+        let ours = follower_svc(json!({"metadata": {"managedFields": [
+            {"manager": "cross-cluster-controller", "operation": "Update",
+             "fieldsV1": {"f:spec": {"f:ports": {}}}},
+            {"manager": "kubectl-label", "operation": "Update",
+             "fieldsV1": {"f:metadata": {"f:labels": {}}}}]}}));
+        assert_eq!(taken_over(&ours, &o), None);
+        assert!(recorded(&ours.metadata, &o).names("remote-a"));
+
+        let selector = follower_svc(json!({"spec": {"selector": {"app": "api"}}}));
+        assert_eq!(taken_over(&selector, &o), Some("it has a selector"));
+        let applied = follower_svc(json!({"metadata": {"annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": "{}"}}}));
+        assert!(taken_over(&applied, &o).is_some());
+        assert_eq!(recorded(&applied.metadata, &o), Recorded::NotOurs);
+        let ssa = follower_svc(json!({"metadata": {"managedFields": [
+            {"manager": "kubectl", "operation": "Apply",
+             "fieldsV1": {"f:spec": {"f:ports": {}}}}]}}));
+        assert!(taken_over(&ssa, &o).is_some());
+        assert_eq!(recorded(&ssa.metadata, &o), Recorded::NotOurs);
+        let edited = follower_svc(json!({"metadata": {"managedFields": [
+            {"manager": "kubectl-edit", "operation": "Update",
+             "fieldsV1": {"f:spec": {"f:selector": {}}}}]}}));
+        assert!(taken_over(&edited, &o).is_some());
+        // a Service that is no follower is not "taken over": it was never ours
+        let mut plain = selector.clone();
+        plain.metadata.labels = None;
+        assert_eq!(taken_over(&plain, &o), None);
+    }
+
+    fn json_merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
     }
 
     #[test]

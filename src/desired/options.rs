@@ -3,6 +3,8 @@
 //! ([`Recorded`]).
 /// Value of the `endpointslice.kubernetes.io/managed-by` label on the slices we write.
 pub const MANAGED_BY: &str = "cross-cluster-controller.fair.com";
+/// The field manager of every write of ours (always an update, never an apply).
+pub const FIELD_MANAGER: &str = "cross-cluster-controller";
 /// Most endpoints we put into one follower EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
 /// Most addresses (ready plus not ready) the API keeps in one core/v1 Endpoints object.
@@ -70,6 +72,11 @@ pub struct Options {
     /// The remote cluster's id (its kube-system uid), recorded in an annotation when known, so a
     /// remote's name can never be taken over by another cluster unseen, even across restarts.
     pub cluster_id: Option<String>,
+    /// Label lists and protected namespaces (the operator's, shared by every remote).
+    pub containment: std::sync::Arc<super::containment::Containment>,
+    /// Whether this remote may export ExternalName Services (refused by default: a CNAME to
+    /// any host under a local name).
+    pub allow_external_name: bool,
 }
 
 /// Whether `namespace` is mirrored: the list of mirrored namespaces holds it, or is empty (all).
@@ -85,6 +92,16 @@ impl Options {
             cluster_name: String::new(),
             endpoints_mode,
             cluster_id: None,
+            containment: Default::default(),
+            allow_external_name: false,
+        }
+    }
+
+    /// These options with the operator's containment settings.
+    pub fn with_containment(self, containment: super::containment::Containment) -> Self {
+        Self {
+            containment: std::sync::Arc::new(containment),
+            ..self
         }
     }
 
@@ -95,6 +112,11 @@ impl Options {
             cluster_id,
             ..self.clone()
         }
+    }
+
+    /// Whether the daemon never writes in `namespace` (`--protected-namespaces`).
+    pub fn protected(&self, namespace: &str) -> bool {
+        self.containment.protected(namespace)
     }
 
     /// Label selector matching remote exported Services: `<key>=true`.
@@ -207,17 +229,23 @@ pub enum Skip {
         /// The API server's limit.
         limit: usize,
     },
+    /// An ExternalName Service, from a remote not allowed them (a CNAME to any host).
+    #[error(
+        "ExternalName Services are refused from this remote (a local name would point at any host); allow them with the Secret annotation fair.com/cross-cluster-allow-external-name: \"true\" or --remote-allow-external-name"
+    )]
+    ExternalNameRefused,
 }
 
 impl Skip {
     /// Every reason [`Skip::reason`] returns.
-    pub const REASONS: [&'static str; 6] = [
+    pub const REASONS: [&'static str; 7] = [
         "NotExported",
         "MissingName",
         "MissingNamespace",
         "LabelsInvalid",
         "AnnotationsInvalid",
         "AnnotationsTooLarge",
+        "ExternalNameRefused",
     ];
 
     /// Short CamelCase reason, usable as a Kubernetes Event reason and as a metric label.
@@ -229,6 +257,7 @@ impl Skip {
             Skip::LabelsInvalid { .. } => "LabelsInvalid",
             Skip::AnnotationsInvalid { .. } => "AnnotationsInvalid",
             Skip::AnnotationsTooLarge { .. } => "AnnotationsTooLarge",
+            Skip::ExternalNameRefused => "ExternalNameRefused",
         }
     }
 }

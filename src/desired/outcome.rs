@@ -13,6 +13,9 @@ pub enum Outcome {
 /// The skip reason of an exported Service whose local namespace does not exist (yet).
 /// The skip reason of an exported Service whose namespace does not exist locally.
 pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
+/// The skip reason of an exported Service in a namespace the daemon never writes in
+/// (`--protected-namespaces`).
+pub const NAMESPACE_PROTECTED: &str = "NamespaceProtected";
 
 impl Outcome {
     /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`

@@ -8,6 +8,7 @@ use super::api::{
     AFFINITY_CLIENT_IP, AFFINITY_NONE, CLUSTER_IP_NONE, DEFAULT_CLIENT_IP_TIMEOUT,
     PREFER_DUAL_STACK, PROTOCOL_TCP, TYPE_CLUSTER_IP, TYPE_EXTERNAL_NAME,
 };
+use super::containment::Refused;
 use super::meta;
 use super::options::Options;
 
@@ -28,7 +29,7 @@ pub(crate) fn desired_service(
     name: &str,
     namespace: &str,
     opts: &Options,
-) -> Service {
+) -> (Service, Refused) {
     let remote_spec = remote.spec.clone().unwrap_or_default();
     let external = remote_spec.type_.as_deref() == Some(TYPE_EXTERNAL_NAME);
 
@@ -56,14 +57,14 @@ pub(crate) fn desired_service(
         }
     }
 
-    let labels = meta::follower_labels(remote.metadata.labels.as_ref(), opts);
+    let (labels, refused) = meta::follower_labels(remote.metadata.labels.as_ref(), opts);
     let mut annotations = meta::origin_annotations(namespace, name, opts);
     if let Some(uid) = remote.metadata.uid.as_ref() {
         annotations.insert(opts.origin_uid_annotation(), uid.clone());
     }
     meta::record_copied_labels(&mut annotations, &labels, opts);
 
-    Service {
+    let service = Service {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
@@ -73,7 +74,8 @@ pub(crate) fn desired_service(
         },
         spec: Some(spec),
         status: None,
-    }
+    };
+    (service, refused)
 }
 
 fn follower_port(port: &ServicePort) -> ServicePort {
@@ -382,7 +384,9 @@ mod tests {
             "externalName": "db.example.com",
         }));
         let s = slice("web-1", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
-        let f = follower(&remote, &[&s], &opts(EndpointsMode::Both)).unwrap();
+        let mut o = opts(EndpointsMode::Both);
+        o.allow_external_name = true;
+        let f = follower(&remote, &[&s], &o).unwrap();
         let sp = spec(&f.service);
         assert_eq!(sp.type_.as_deref(), Some("ExternalName"));
         assert_eq!(sp.external_name.as_deref(), Some("db.example.com"));

@@ -660,9 +660,10 @@ mod tests {
         assert_eq!(labels[SERVICE_NAME_LABEL], "web");
         assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY);
         assert_eq!(labels["fair.com/cross-cluster"], "follower");
-        // The Service keeps the copied labels, with the export label turned into follower.
+        // Reserved labels are never copied, and the export label turns into follower.
         let service_labels = f.service.metadata.labels.as_ref().unwrap();
-        assert_eq!(service_labels[SERVICE_NAME_LABEL], "spoofed");
+        assert!(!service_labels.contains_key(SERVICE_NAME_LABEL));
+        assert!(!service_labels.contains_key(MANAGED_BY_LABEL));
         assert_eq!(service_labels["fair.com/cross-cluster"], "follower");
     }
 

@@ -11,6 +11,8 @@ pub fn opts(mode: EndpointsMode) -> Options {
         cluster_name: "remote-a".to_string(),
         endpoints_mode: mode,
         cluster_id: None,
+        containment: Default::default(),
+        allow_external_name: false,
     }
 }
 

@@ -113,6 +113,8 @@ pub struct Ctx {
     pub export_conflicts: Mutex<HashMap<GroupKey, Vec<(String, &'static str)>>>,
     /// the Multi-Cluster Services API (`--mcs`)
     pub mcs: Option<Arc<McsLocal>>,
+    /// followers a local user has taken over (each counted once)
+    pub taken_over: Mutex<std::collections::HashSet<GroupKey>>,
 }
 
 /// How the Multi-Cluster Services API is served (`--mcs`).
@@ -189,6 +191,7 @@ impl Ctx {
             fallback_ref,
             events_sent: Mutex::new(EventLimiter::new(std::time::Duration::from_secs(300))),
             export_conflicts: Mutex::default(),
+            taken_over: Mutex::default(),
             mcs: settings.mcs.map(|m| {
                 let fallback = m.local_name.unwrap_or_default();
                 let who = crate::desired::mcs::Identity::Local;
@@ -391,6 +394,71 @@ impl Ctx {
 }
 
 impl Ctx {
+    /// An export into a namespace the daemon never writes in (`--protected-namespaces`): nothing
+    /// is written there; each exporting remote is counted and logged, and the Event goes on the
+    /// daemon's Lease (an Event in that namespace would be a write there).
+    pub(super) async fn refuse_protected(&self, key: &Key, remotes: &[String]) -> Outcome {
+        let why = format!(
+            "namespace {:?} is protected (--protected-namespaces): nothing is written there",
+            key.namespace
+        );
+        for remote in remotes {
+            self.skip(
+                key,
+                remote,
+                crate::desired::NAMESPACE_PROTECTED,
+                why.clone(),
+                None,
+            )
+            .await;
+        }
+        Outcome::Skipped(crate::desired::NAMESPACE_PROTECTED)
+    }
+
+    /// Counts the labels a pass did not copy, by remote and why.
+    pub(super) fn count_refused_labels(
+        &self,
+        refused: &[(String, crate::desired::containment::Refused)],
+    ) {
+        for (remote, by_why) in refused {
+            for (why, n) in by_why {
+                self.metrics
+                    .labels_refused
+                    .get_or_create(&ByRemoteReason::new(remote, why.label()))
+                    .inc_by(u64::from(*n));
+            }
+        }
+    }
+
+    /// A follower a local user has taken over: counted once, logged, an Event on it
+    /// (rate-limited).
+    pub(super) async fn report_taken_over(
+        &self,
+        key: &Key,
+        remote: &str,
+        why: &str,
+        obj: ObjectReference,
+    ) {
+        if self.taken_over.lock().insert(key.group()) {
+            warn!(key = %key, remote, "a local user took the follower over ({why}): left alone, only our own slices removed");
+            self.metrics
+                .taken_over
+                .get_or_create(&crate::runtime::metrics::ByRemote::new(remote))
+                .inc();
+        }
+        let note = format!(
+            "taken over by a local user ({why}): no longer a follower of {remote}; left alone, only the daemon's own EndpointSlices removed"
+        );
+        self.event(
+            EventType::Warning,
+            "FollowerTakenOver",
+            note,
+            "Mirror",
+            Some(obj),
+        )
+        .await;
+    }
+
     /// A local object an MCS import would write (a ServiceImport, a derived Service, an MCS
     /// slice) that is not ours: left untouched, counted (`remote=""`), an Event.
     pub(super) async fn mcs_conflict(

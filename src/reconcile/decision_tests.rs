@@ -684,3 +684,70 @@ async fn an_event_refused_to_a_standby_is_still_sent_once_it_leads() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_follower_a_local_team_took_over_is_left_alone_and_only_our_slices_go() {
+    // the team's kubectl apply set a selector on the follower
+    let mut theirs = live_follower("uid-web", "7");
+    theirs["spec"]["selector"] = json!({"app": "api"});
+    let ours = local_slice("web-a", MANAGED_BY, fixtures::REMOTE);
+    let kcm = local_slice("web-kcm", "endpointslice-controller.k8s.io", "");
+    let remote = slice("web-r", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+    let s = setup(
+        vec![cluster_ip_service()],
+        vec![remote],
+        vec![fixtures::obj(theirs)],
+        vec![ours, kcm],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        // our slice goes, by its uid; no PUT of the Service, nothing of the kcm slice
+        let sent = s
+            .api
+            .expect(delete(&format!("{SLICES}/web-a")), gone())
+            .await;
+        assert_eq!(sent.body["preconditions"]["uid"], "uid-web-a");
+        let ev = s.api.expect(post(EVENTS), event()).await;
+        assert_eq!(ev.body["reason"], "FollowerTakenOver");
+        assert_eq!(ev.body["regarding"]["uid"], "uid-web");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Conflict);
+    let counted = s
+        .ctx
+        .metrics
+        .taken_over
+        .get_or_create(&crate::runtime::metrics::ByRemote::new(fixtures::REMOTE))
+        .get();
+    assert_eq!(counted, 1);
+}
+
+#[tokio::test]
+async fn an_export_into_a_protected_namespace_writes_nothing() {
+    let mut exported = cluster_ip_service();
+    exported.metadata.namespace = Some("kube-system".into());
+    let s = setup(vec![exported], vec![], vec![], vec![]);
+    let k = Key {
+        namespace: "kube-system".into(),
+        ..key()
+    };
+    // the only request: the Event, on the daemon's Lease (the fixtures' is empty), not in
+    // kube-system
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &k), async {
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "NamespaceProtected");
+        assert_eq!(ev.body["regarding"], json!({}));
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Skipped(crate::desired::NAMESPACE_PROTECTED)
+    );
+}

@@ -261,6 +261,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::NotReady);
     };
     let snap = snapshot(ctx, &mcs, &key.group())?;
+    if ctx.opts.protected(&key.namespace) {
+        let exporting: Vec<String> = snap
+            .exports()
+            .iter()
+            .map(|e| e.cluster.to_string())
+            .collect();
+        return Ok(ctx.refuse_protected(key, &exporting).await);
+    }
     let on = snap.import.as_ref().map(|i| i.object_ref(&()));
     for (remote, refused) in &snap.refused {
         ctx.refused(key, remote, refused, on.clone()).await;

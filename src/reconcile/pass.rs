@@ -151,6 +151,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::Unchanged);
     }
     let snap = ctx.snapshot(&key.group())?;
+    if ctx.opts.protected(&key.namespace) {
+        return Ok(ctx.refuse_protected(key, &snap.exporting()).await);
+    }
+    if let Some(svc) = snap.service.as_deref()
+        && let Some(why) = desired::taken_over(svc, &ctx.opts)
+    {
+        return leave_taken_over(ctx, key, &snap, svc, why).await;
+    }
     let recorded_service = snap
         .service
         .as_ref()
@@ -183,6 +191,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         _ => BTreeSet::new(),
     };
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
+    ctx.count_refused_labels(&merged.refused_labels);
     let on = snap.service.as_ref().map(|s| s.object_ref(&()));
     for (remote, refused) in &snap.refused {
         ctx.refused(key, remote, refused, on.clone()).await;
@@ -222,7 +231,48 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     Ok(outcome)
 }
 
-/// The remote a follower's Service-level fields come from (its oldest exported Service).
+impl Snapshot {
+    /// The remotes whose cache has the exported Service.
+    fn exporting(&self) -> Vec<String> {
+        self.remotes
+            .iter()
+            .filter(|(_, view)| matches!(view, View::Exports { .. }))
+            .map(|(state, _)| state.name.to_string())
+            .collect()
+    }
+}
+
+/// A follower a local user has taken over is theirs: the Service is left as it is (its
+/// selector too), and only our own slices go, each by its uid (left, they would add the
+/// remote's endpoints to the local team's Service).
+async fn leave_taken_over(
+    ctx: &Ctx,
+    key: &Key,
+    snap: &Snapshot,
+    svc: &Service,
+    why: &str,
+) -> Result<Outcome> {
+    let proof = ctx.proof(snap);
+    for s in &snap.slices {
+        if proof.owns(&slice_recorded(&s.metadata, &ctx.opts)) {
+            let uid = uid_of(s.as_ref())?;
+            let name = s.name_any();
+            ctx.writer
+                .delete::<EndpointSlice>(&key.namespace, &name, &uid, "the follower was taken over")
+                .await?;
+        }
+    }
+    let remote = origin_of(svc, ctx);
+    ctx.report_taken_over(key, &remote, why, svc.object_ref(&()))
+        .await;
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ByOutcome::new(Outcome::Conflict.label()))
+        .inc();
+    Ok(Outcome::Conflict)
+}
+
+/// The remote a follower's Service-level fields come from (the merge's winner, recorded).
 fn origin_of<K: ResourceExt>(obj: &K, ctx: &Ctx) -> String {
     obj.annotations()
         .get(&ctx.opts.origin_cluster_annotation())

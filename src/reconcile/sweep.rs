@@ -343,7 +343,9 @@ pub async fn sweep(ctx: &Ctx, namespaces: &[String], timeout: Duration) -> Resul
             .inc();
         listings.insert(name, listing.ok());
     }
-    let plan = plan(&followers, &listings, &ctx.remotes.retired(), namespaces);
+    let mut plan = plan(&followers, &listings, &ctx.remotes.retired(), namespaces);
+    // nothing is written in a protected namespace, a delete included
+    plan.delete.retain(|o| !ctx.opts.protected(&o.namespace));
     let deleted = delete_all(ctx, &plan.delete, "sweeper: exported Service gone").await?;
     Ok(SweepReport {
         exported,
@@ -419,6 +421,8 @@ mod tests {
             cluster_name: String::new(),
             endpoints_mode: EndpointsMode::Slices,
             cluster_id: None,
+            containment: Default::default(),
+            allow_external_name: false,
         }
     }
 

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::runtime::lease::Leadership;
 use crate::runtime::metrics::{ByKindVerb, Metrics};
 
-pub const FIELD_MANAGER: &str = "cross-cluster-controller";
+pub const FIELD_MANAGER: &str = crate::desired::FIELD_MANAGER;
 
 #[derive(Clone)]
 pub struct Writer {

@@ -26,6 +26,8 @@ pub struct Known {
     pub allowed_cidrs: Vec<ipnet::IpNet>,
     /// what it may cost (see `crate::state::budget`)
     pub budget: crate::state::budget::Limits,
+    /// whether its ExternalName Services are mirrored
+    pub allow_external_name: bool,
 }
 
 /// Makes a remote a member: its metric series, its caches in the set of remotes, its watches
@@ -38,8 +40,9 @@ pub fn join(
     origin: Origin,
     settings: &Settings,
 ) -> Arc<Member> {
-    let cluster_id = known.cluster_id;
-    let opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
+    let cluster_id = known.cluster_id.clone();
+    let mut opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
+    opts.allow_external_name = known.allow_external_name;
     ctl.ctx.metrics.init_remote(&remote.name);
     let addresses = AddressPolicy {
         allowed: known.allowed_cidrs,
@@ -100,6 +103,7 @@ pub async fn static_remotes(
             stale_after: settings.stale_after,
             allowed_cidrs: settings.allowed_cidrs.clone(),
             budget: settings.budget,
+            allow_external_name: settings.allow_external_name,
         };
         let member = join(sup, ctl, remote, known, Origin::Static, settings);
         if let Ok((cfg, _)) = client::remote_config(&settings.client).await {

@@ -23,6 +23,8 @@ pub struct Settings {
     pub api_timeout: Duration,
     /// the static remote's outage policy (a Secret remote's is on its Secret)
     pub stale_after: Option<Duration>,
+    /// the static remote may export ExternalName Services (a Secret remote's is on its Secret)
+    pub allow_external_name: bool,
     /// how a Secret remote's client is built
     pub client: crate::client::Settings,
     /// read every remote as a Multi-Cluster Services source too (`--mcs`)

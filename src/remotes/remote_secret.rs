@@ -70,6 +70,8 @@ fn budget_of(s: &Secret) -> Result<BudgetOverride, String> {
         bytes: read(MAX_CACHE_BYTES_KEY, parse_bytes)?,
     })
 }
+/// The Secret annotation that allows its remote to export ExternalName Services (`"true"`).
+pub const ALLOW_EXTERNAL_NAME_KEY: &str = "fair.com/cross-cluster-allow-external-name";
 /// What a Secret says, read without I/O.
 #[derive(Debug)]
 pub struct Candidate {
@@ -84,6 +86,8 @@ pub struct Candidate {
     pub allowed_cidrs: Vec<ipnet::IpNet>,
     /// its budget, where the annotations set one
     pub budget: BudgetOverride,
+    /// its ExternalName Services are mirrored (annotation [`ALLOW_EXTERNAL_NAME_KEY`])
+    pub allow_external_name: bool,
 }
 
 /// The name a Secret gives its remote: its label (or annotation) [`NAME_KEY`], else its own.
@@ -112,6 +116,19 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
         None => None,
     };
+    let allow_external_name = match s
+        .annotations()
+        .get(ALLOW_EXTERNAL_NAME_KEY)
+        .map(String::as_str)
+    {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "annotation {ALLOW_EXTERNAL_NAME_KEY}: {other:?} is neither \"true\" nor \"false\""
+            ));
+        }
+    };
     let allowed_cidrs = match s.annotations().get(ALLOWED_CIDRS_KEY) {
         Some(v) => crate::desired::addresses::parse_cidrs(v)
             .map_err(|e| format!("annotation {ALLOWED_CIDRS_KEY}: {e}"))?,
@@ -119,6 +136,10 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
     };
     let budget = budget_of(s)?;
     let mut policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
+    if allow_external_name {
+        // only when set, so the hash of a Secret without it is what it was (no rotation)
+        policy.push_str("\nexternal-name");
+    }
     if !allowed_cidrs.is_empty() {
         // a changed allowlist is a rotation; an absent one hashes as before
         let nets: Vec<String> = allowed_cidrs.iter().map(ToString::to_string).collect();
@@ -133,6 +154,7 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
         stale_after,
         allowed_cidrs,
         budget,
+        allow_external_name,
     })
 }
 
@@ -199,6 +221,31 @@ mod tests {
         let mut s = secret(json!({}), Some(KUBECONFIG));
         s.metadata.annotations = Some([(NAME_KEY.to_string(), arn.to_string())].into());
         assert_eq!(read_secret(&s).unwrap().name, arn);
+    }
+
+    #[test]
+    fn the_external_name_annotation_is_read_and_part_of_the_hash() {
+        let plain = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert!(!plain.allow_external_name);
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "true".to_string())].into());
+        let allowed = read_secret(&s).unwrap();
+        assert!(allowed.allow_external_name);
+        assert_ne!(
+            plain.hash, allowed.hash,
+            "a changed annotation is a rotation"
+        );
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "false".to_string())].into());
+        assert_eq!(read_secret(&s).unwrap().hash, plain.hash);
+        s.metadata.annotations =
+            Some([(ALLOW_EXTERNAL_NAME_KEY.to_string(), "yes".to_string())].into());
+        assert!(
+            read_secret(&s)
+                .unwrap_err()
+                .contains(ALLOW_EXTERNAL_NAME_KEY)
+        );
     }
 
     #[test]

@@ -231,6 +231,7 @@ impl Source {
             stale_after: c.stale_after,
             allowed_cidrs: c.allowed_cidrs,
             budget: c.budget.over(self.settings.budget),
+            allow_external_name: c.allow_external_name,
         };
         let member =
             super::join::join(&self.sup, &self.ctl, &remote, known, origin, &self.settings);

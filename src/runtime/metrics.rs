@@ -34,6 +34,8 @@ pub struct Metrics {
     pub credential_expiry: Family<ByRemote, Gauge>,
     pub credential_renewals: Family<ByRemoteOutcome, Counter>,
     pub mcs_name_refused: Family<ByRemote, Gauge>,
+    pub labels_refused: Family<ByRemoteReason, Counter>,
+    pub taken_over: Family<ByRemote, Counter>,
 }
 
 impl Default for Metrics {
@@ -67,6 +69,8 @@ impl Default for Metrics {
             credential_expiry: Family::default(),
             mcs_name_refused: Family::default(),
             credential_renewals: Family::default(),
+            labels_refused: Family::default(),
+            taken_over: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -189,6 +193,16 @@ impl Default for Metrics {
             "1 while the MCS cluster name this remote claims is refused because another cluster (or the local one) holds it; its exports wait",
             m.mcs_name_refused.clone(),
         );
+        registry.register(
+            "labels_refused",
+            "Remote labels not copied onto local objects, by remote and reason (reserved, denied, not_allowed), counted at each pass that builds a follower",
+            m.labels_refused.clone(),
+        );
+        registry.register(
+            "followers_taken_over",
+            "Followers a local user took over (a selector, kubectl apply, another field manager owning the spec), left alone; counted once per follower while the daemon runs",
+            m.taken_over.clone(),
+        );
         let build: Family<ByVersion, Gauge> = Family::default();
         build
             .get_or_create(&ByVersion::new(env!("CARGO_PKG_VERSION")))
@@ -246,17 +260,24 @@ impl Metrics {
     /// Prometheus advises: a counter then reads 0 before its first increment (so `increase()`
     /// and `absent()` alerts work from the start) instead of being missing from the page.
     pub fn init_remote(&self, remote: &str) {
-        use crate::desired::NAMESPACE_MISSING;
         use crate::desired::Skip;
+        use crate::desired::{NAMESPACE_MISSING, NAMESPACE_PROTECTED};
         for kind in crate::desired::ConflictKind::LABELS {
             drop(
                 self.export_conflicts
                     .get_or_create(&ByRemoteKind::new(remote, kind)),
             );
         }
-        for reason in Skip::REASONS.into_iter().chain([NAMESPACE_MISSING]) {
+        for reason in Skip::REASONS
+            .into_iter()
+            .chain([NAMESPACE_MISSING, NAMESPACE_PROTECTED])
+        {
             touch(&self.skipped, ByRemoteReason::new(remote, reason));
         }
+        for reason in crate::desired::containment::LabelRefusal::LABELS {
+            touch(&self.labels_refused, ByRemoteReason::new(remote, reason));
+        }
+        touch(&self.taken_over, ByRemote::new(remote));
         for kind in KINDS {
             touch(&self.conflicts, ByRemoteKind::new(remote, kind));
         }

@@ -199,7 +199,10 @@ fn import_metadata(
         .exported_labels
         .iter()
         .filter(|(k, v)| {
-            let ok = meta::validate_label(k, v).is_ok() && k.as_str() != OWNER_LABEL;
+            // reserved prefixes (kubernetes.io, k8s.io, x-k8s.io, ours) are never a remote's
+            let ok = meta::validate_label(k, v).is_ok()
+                && k.as_str() != OWNER_LABEL
+                && !crate::desired::containment::reserved(k, crate::desired::DEFAULT_LABEL_KEY);
             if !ok {
                 dropped.push(format!("label {k}"));
             }

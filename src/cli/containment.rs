@@ -1,0 +1,135 @@
+//! The flags of what a remote may never decide here (issue 27): label lists, protected
+//! namespaces, ExternalName for the static remote.
+use clap::Args;
+
+use crate::desired::check_label_entry;
+use crate::desired::containment::{Containment, DEFAULT_PROTECTED_NAMESPACES};
+
+/// What a remote may never decide about local objects.
+#[derive(Args, Debug, Clone)]
+pub struct ContainmentArgs {
+    /// Remote label keys never copied onto local objects (comma-separated): a key (`team`), or a
+    /// prefix ending in `/` (`example.com/`, its subdomains too). Reserved prefixes
+    /// (`kubernetes.io`, `k8s.io`, `x-k8s.io` and their subdomains, the label key's own domain)
+    /// are never copied whatever this says.
+    #[arg(long, env = "LABEL_DENY", value_delimiter = ',')]
+    pub label_deny: Vec<String>,
+
+    /// When set, only these remote label keys or prefixes (as --label-deny) are copied; the
+    /// reserved and denied ones never are. Default: every label that is not refused.
+    #[arg(long, env = "LABEL_ALLOW", value_delimiter = ',')]
+    pub label_allow: Vec<String>,
+
+    /// Namespaces the daemon never writes in (comma-separated); an export into one is refused
+    /// (logged, counted, an Event on the daemon's Lease). Default: kube-system, kube-public,
+    /// kube-node-lease and the daemon's own --namespace, less any that --watch-namespace names
+    /// (the operator's explicit word). When set, exactly this list, watched or not;
+    /// `--protected-namespaces=` protects none.
+    #[arg(long, env = "PROTECTED_NAMESPACES", value_delimiter = ',')]
+    pub protected_namespaces: Option<Vec<String>>,
+
+    /// Mirror the static remote's ExternalName Services (refused by default: a local name would
+    /// be a CNAME to any host the remote picks). Secret remotes: the annotation
+    /// `fair.com/cross-cluster-allow-external-name: "true"`.
+    #[arg(long, env = "REMOTE_ALLOW_EXTERNAL_NAME")]
+    pub remote_allow_external_name: bool,
+}
+
+impl ContainmentArgs {
+    /// The settings; or what is wrong with a list. `own` is the daemon's namespace, `watched`
+    /// the namespaces --watch-namespace names.
+    pub fn containment(&self, own: &str, watched: &[String]) -> Result<Containment, String> {
+        let list = |flag: &str, entries: &[String]| -> Result<Vec<String>, String> {
+            let entries: Vec<String> = entries
+                .iter()
+                .map(|e| e.trim().to_string())
+                .filter(|e| !e.is_empty())
+                .collect();
+            for e in &entries {
+                check_label_entry(e).map_err(|why| format!("{flag}: {why}"))?;
+            }
+            Ok(entries)
+        };
+        let protected: Vec<String> = match &self.protected_namespaces {
+            Some(given) => given
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            None => DEFAULT_PROTECTED_NAMESPACES
+                .iter()
+                .copied()
+                .chain([own])
+                .filter(|n| !watched.iter().any(|w| w == n))
+                .map(String::from)
+                .collect(),
+        };
+        Ok(Containment {
+            label_deny: list("--label-deny", &self.label_deny)?,
+            label_allow: list("--label-allow", &self.label_allow)?,
+            protected_namespaces: protected,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        c: ContainmentArgs,
+    }
+
+    #[test]
+    fn defaults_protect_the_system_namespaces_and_our_own_unless_watched_by_name() {
+        let c = Cli::parse_from(["x"])
+            .c
+            .containment("fair-system", &[])
+            .unwrap();
+        for ns in [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "fair-system",
+        ] {
+            assert!(c.protected(ns), "{ns}");
+        }
+        assert!(!c.protected("default"));
+        let watched = ["fair-system".to_string(), "kube-system".to_string()];
+        let c = Cli::parse_from(["x"])
+            .c
+            .containment("fair-system", &watched)
+            .unwrap();
+        assert!(!c.protected("fair-system") && !c.protected("kube-system"));
+        assert!(c.protected("kube-public"));
+        let given = Cli::parse_from(["x", "--protected-namespaces=kube-system,shop"]).c;
+        let c = given.containment("fair-system", &watched).unwrap();
+        assert_eq!(c.protected_namespaces, ["kube-system", "shop"]);
+        let none = Cli::parse_from(["x", "--protected-namespaces="]).c;
+        let c = none.containment("fair-system", &[]).unwrap();
+        assert!(c.protected_namespaces.is_empty());
+    }
+
+    #[test]
+    fn lists_are_checked() {
+        let args = Cli::parse_from([
+            "x",
+            "--label-deny",
+            "team,example.com/",
+            "--label-allow=app",
+        ])
+        .c;
+        let c = args.containment("ns", &[]).unwrap();
+        assert_eq!(c.label_deny, ["team", "example.com/"]);
+        assert_eq!(c.label_allow, ["app"]);
+        let bad = Cli::parse_from(["x", "--label-deny", "Bad Key"]).c;
+        assert!(
+            bad.containment("ns", &[])
+                .unwrap_err()
+                .contains("--label-deny")
+        );
+    }
+}
