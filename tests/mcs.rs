@@ -654,23 +654,6 @@ impl Drop for SouthNameGone {
             let api: Api<ClusterProperty> = Api::all(client(SOUTH).await);
             let _ = api
                 .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
-/// What the kube-system case makes in east's kube-system, deleted when dropped.
-struct EastKubeSystem(String);
-
-impl Drop for EastKubeSystem {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        support::block_on_thread(async move {
-            let c = client(REMOTE).await;
-            let dp = DeleteParams::default();
-            let _ = Api::<ServiceExport>::namespaced(c.clone(), "kube-system")
-                .delete(&name, &dp)
-                .await;
-            let _ = Api::<EndpointSlice>::namespaced(c.clone(), "kube-system")
-                .delete(&format!("{name}-src"), &dp)
-                .await;
-            let _ = Api::<Service>::namespaced(c, "kube-system")
-                .delete(&name, &dp)
                 .await;
         });
     }
@@ -887,6 +870,30 @@ async fn withdrawn_while_the_holder_is_down(test: &str, east: East) {
     )
     .await;
     assert!(d.exited().is_none(), "{}", d.logs());
+}
+
+/// What the kube-system case makes in east's kube-system, deleted when dropped.
+struct EastKubeSystem(String);
+
+impl Drop for EastKubeSystem {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        support::block_on_thread(async move {
+            let c = client(REMOTE).await;
+            let dp = DeleteParams::default();
+            let _ = Api::<ServiceExport>::namespaced(c.clone(), "kube-system")
+                .delete(&name, &dp)
+                .await;
+            let _ = Api::<EndpointSlice>::namespaced(c.clone(), "kube-system")
+                .delete(&format!("{name}-src"), &dp)
+                .await;
+            let _ = Api::<Service>::namespaced(c, "kube-system")
+                .delete(&name, &dp)
+                .await;
+        });
+    }
+}
+
 #[tokio::test]
 async fn an_export_into_kube_system_is_never_imported() {
     let _turn = ONE_AT_A_TIME.lock().await;
