@@ -14,6 +14,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_args};
+use support::fault::{Lost, Report, conclude, snapshot};
 use support::remotes::{apply_secret, kubeconfig_of, remote_secret, secrets_only_args};
 use support::{
     LOCAL, REMOTE, client, endpoint, eventually, exported, namespace, present, remote_slice,
@@ -118,12 +119,15 @@ async fn a_remote_listing_local_addresses_reaches_no_follower_with_them() {
     );
     slices.create(&pp, &fqdn).await.unwrap();
 
+    let before = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    let t0 = std::time::Instant::now();
     let args = with_args(args_for(&ns.name), &["--remote-allowed-cidrs", OWN_NET]);
     let d = Daemon::start(&args).await;
     d.wait_synced(&[REMOTE]).await;
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     eventually("the follower", WAIT, || present(&west, "web")).await;
     addresses_are(&ns.name, "web", &[OWN]).await;
+    let took = t0.elapsed();
 
     for reason in [
         "LocalApiServer",
@@ -167,6 +171,20 @@ async fn a_remote_listing_local_addresses_reaches_no_follower_with_them() {
     present(&west, "web")
         .await
         .expect("the follower stays: refused addresses are no proof of absence");
+    let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "78-contain-local-addresses",
+            scenario: "A remote's slice lists the local API server's address, an address of the local Service network, an address outside its allowed CIDRs and an FQDN endpoint, beside one of its own",
+            done: "a daemon with --remote-allowed-cidrs 10.77.0.0/16; then the remote lists only local addresses",
+            converge: Some(took),
+            note: format!(
+                "the follower held only {OWN}, then none; refused LocalApiServer, LocalServiceNetwork, NotAllowed, Fqdn (each counted, an AddressRefused Event); the follower kept"
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
 }
 
 #[tokio::test]
