@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -80,20 +79,6 @@ async fn addresses_are(ns: &str, svc: &str, want: &[&str]) {
     .await;
 }
 
-async fn refused_events(ns: &str) -> Result<Vec<String>, String> {
-    let events: Api<Event> = Api::namespaced(client(LOCAL).await, ns);
-    let list = events
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("AddressRefused"))
-        .filter_map(|e| e.note)
-        .collect())
-}
-
 #[tokio::test]
 async fn a_remote_listing_local_addresses_reaches_no_follower_with_them() {
     let ns = namespace("addresses-hostile").await;
@@ -142,13 +127,8 @@ async fn a_remote_listing_local_addresses_reaches_no_follower_with_them() {
         )
         .await;
     }
-    let notes = eventually("an AddressRefused Event", WAIT, || async {
-        let notes = refused_events(&ns.name).await?;
-        if notes.is_empty() {
-            Err("none yet".into())
-        } else {
-            Ok(notes)
-        }
+    let notes = eventually("an AddressRefused Event", WAIT, || {
+        support::event_notes(LOCAL, &ns.name, "AddressRefused", Some(("Service", "web")))
     })
     .await;
     assert!(

@@ -1397,18 +1397,8 @@ async fn with_watch_namespaces_the_writer_writes_nowhere_else() {
         ports_are(&west, "web", &[81])
     })
     .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client(LOCAL).await, &w1.name);
-    eventually("the NotOurFollower Event", WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("NotOurFollower"))
-            .then_some(())
-            .ok_or_else(|| format!("{} events", list.items.len()))
+    eventually("the NotOurFollower Event", WAIT, || {
+        support::event_notes(LOCAL, &w1.name, "NotOurFollower", None)
     })
     .await;
     east.delete("web", &DeleteParams::default()).await.unwrap();

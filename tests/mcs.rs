@@ -739,17 +739,8 @@ async fn a_cluster_claiming_anothers_name_is_refused_and_the_holders_exports_kee
         .await;
     let line = readyz_says(&d, SOUTH, "refused").await;
     assert!(line.contains("MCS name \"east\" refused"), "{line}");
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(two.west.clone(), &ns);
-    eventually("the McsNameRefused Event", WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("McsNameRefused"))
-            .then_some(())
-            .ok_or_else(|| format!("{} events", list.items.len()))
+    eventually("the McsNameRefused Event", WAIT, || {
+        support::event_notes(LOCAL, &ns, "McsNameRefused", None)
     })
     .await;
 

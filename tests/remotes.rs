@@ -572,21 +572,7 @@ fn port_names(s: &Service) -> Vec<(String, i32)> {
 }
 
 async fn events_with_reason(ns: &str, reason: &str) -> Result<Vec<String>, String> {
-    let events: Api<Event> = Api::namespaced(client(LOCAL).await, ns);
-    let list = events
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let notes: Vec<String> = list
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .map(|e| e.note.clone().unwrap_or_default())
-        .collect();
-    if notes.is_empty() {
-        return Err(format!("no {reason} Event among {}", list.items.len()));
-    }
-    Ok(notes)
+    support::event_notes(LOCAL, ns, reason, None).await
 }
 
 #[tokio::test]

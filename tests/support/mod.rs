@@ -347,3 +347,40 @@ pub async fn token_kubeconfig(context: &str, name: &str, token: &str, path: &Pat
 pub fn obj<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
     serde_json::from_value(v).expect("fixture deserializes")
 }
+
+/// The notes of the events.k8s.io Events in `ns` of `context` with `reason`, about the object
+/// `(kind, name)` when one is given; an error (how many Events there were) while there is none.
+pub async fn event_notes(
+    context: &str,
+    ns: &str,
+    reason: &str,
+    about: Option<(&str, &str)>,
+) -> Result<Vec<String>, String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client(context).await, ns);
+    let list = events
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let notes: Vec<String> = list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            about.is_none_or(|(kind, name)| {
+                let r = e.regarding.as_ref();
+                r.and_then(|r| r.kind.as_deref()) == Some(kind)
+                    && r.and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        })
+        .map(|e| e.note.clone().unwrap_or_default())
+        .collect();
+    if notes.is_empty() {
+        let what = about.map_or(String::new(), |(k, n)| format!(" on {k} {n}"));
+        return Err(format!(
+            "no {reason} Event{what} among {}",
+            list.items.len()
+        ));
+    }
+    Ok(notes)
+}
