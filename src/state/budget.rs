@@ -114,9 +114,10 @@ impl Budget {
     pub fn hold(&self, now: Instant) -> Result<(), String> {
         let t = self.trip.lock();
         match (&t.over, t.retry_at) {
+            // the text stays the same for the whole back-off (it is recorded in the health Lease)
             (Some(why), Some(at)) if now < at => Err(format!(
-                "over budget ({why}): its caches were dropped and its followers are kept; read again in {}s",
-                at.duration_since(now).as_secs().max(1)
+                "over budget ({why}): its caches were dropped and its followers are kept; read again after a back-off of {}s",
+                t.backoff.as_secs()
             )),
             _ => Ok(()),
         }
@@ -220,6 +221,7 @@ mod tests {
             "{held}"
         );
         assert!(held.contains("followers are kept"), "{held}");
+        assert!(held.ends_with("after a back-off of 30s"), "{held}");
         // the back-off has passed: it is read again, still shown over budget until it lists
         let t1 = t0 + BACKOFF_MIN;
         assert!(b.hold(t1).is_ok());

@@ -311,6 +311,17 @@ impl Daemon {
             .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status:\n{status}"))
     }
 
+    /// Resident memory (VmRSS) of the running process now, in MiB.
+    pub fn rss_mib(&self) -> f64 {
+        let pid = self.child.as_ref().expect("the daemon runs").id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
     /// SIGKILL, no goodbye (a crash).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
