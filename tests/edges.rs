@@ -348,7 +348,8 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     );
     let http = json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}]});
     let http_slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    // FQDN endpoints: mirrored as an FQDN slice (src/desired keeps the address type)
+    // FQDN endpoints: refused (issue 27: a remote may not make a local name resolve to a host of
+    // its choice); the follower is mirrored without them
     let fqdn = edge_leader("fqdn", json!({}), json!({}), http.clone());
     let fqdn_slice = edge_slice(
         "fqdn",
@@ -418,7 +419,12 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         WAIT,
         || async {
             for (leader, slice) in leaders.iter().zip(&slices) {
-                mirrored(&local_svc, &local_sl, leader, &[slice]).await?;
+                let expected: &[&EndpointSlice] = if slice.address_type == "FQDN" {
+                    &[]
+                } else {
+                    &[slice]
+                };
+                mirrored(&local_svc, &local_sl, leader, expected).await?;
             }
             // the skip: a log line, a metric and an Event (on the Lease: there is no local object)
             let logs = d.logs();
@@ -491,15 +497,24 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
         (ports.len(), ports[0].name.as_deref().unwrap_or("")),
         (1, "")
     );
-    for (name, ty) in [("fqdn", "FQDN"), ("ipv6", "IPv6")] {
-        let types: Vec<String> = local_slices(&local_sl, name)
-            .await
-            .unwrap()
-            .iter()
-            .map(|s| s.address_type.clone())
-            .collect();
-        assert_eq!(types, vec![ty.to_string()], "{name}");
-    }
+    let types: Vec<String> = local_slices(&local_sl, "ipv6")
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.address_type.clone())
+        .collect();
+    assert_eq!(types, vec!["IPv6".to_string()], "ipv6");
+    assert!(
+        local_slices(&local_sl, "fqdn").await.unwrap().is_empty(),
+        "FQDN endpoints are refused"
+    );
+    assert!(
+        d.metric(
+            "xcc_addresses_refused_total",
+            &[("remote", REMOTE), ("reason", "Fqdn")]
+        ) >= 2.0,
+        "both FQDN endpoints counted as refused"
+    );
     for reason in ["LabelsInvalid", "AnnotationsInvalid", "AnnotationsTooLarge"] {
         assert_eq!(
             d.metric(
@@ -576,11 +591,11 @@ async fn remote_objects_at_the_edges_of_validity_are_mirrored_or_skipped_visibly
     conclude(
         Report {
             id: "61-edge-objects",
-            scenario: "Remote objects at the edges of validity: 63-character name with labels at their limits, 100 named ports, one unnamed UDP port, FQDN and IPv6 EndpointSlices, 255 KiB of annotations, and a leader whose namespace is missing locally",
+            scenario: "Remote objects at the edges of validity: 63-character name with labels at their limits, 100 named ports, one unnamed UDP port, an FQDN and an IPv6 EndpointSlice, 255 KiB of annotations, and a leader whose namespace is missing locally",
             done: "7 leaders created at once in the remote cluster under a running daemon; then the missing namespace created locally",
             converge: Some(took),
             note: format!(
-                "6 mirrored (FQDN and IPv6 slices keep their address type; remote annotations are not copied, so 255 KiB cannot overflow ours); {skipped} skipped with reason NamespaceMissing (log line, Event on the Lease, xcc_skipped_total), mirrored {:.1} s after the namespace appeared; 0 writes over 2 further sweeps; LabelsInvalid and AnnotationsTooLarge cannot be reached from a valid remote object (labels are copied as the remote API server accepted them, plus ours)",
+                "6 mirrored (IPv6 slices keep their address type, FQDN endpoints are refused; remote annotations are not copied, so 255 KiB cannot overflow ours); {skipped} skipped with reason NamespaceMissing (log line, Event on the Lease, xcc_skipped_total), mirrored {:.1} s after the namespace appeared; 0 writes over 2 further sweeps; LabelsInvalid and AnnotationsTooLarge cannot be reached from a valid remote object (labels are copied as the remote API server accepted them, plus ours)",
                 released.as_secs_f64()
             ),
         },
