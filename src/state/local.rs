@@ -34,10 +34,12 @@ impl LocalState {
     /// Whether every local cache and the local networks have completed a listing: until then a
     /// pass decides nothing (it could not tell a local address from a remote's).
     pub fn ready(&self) -> bool {
-        self.services.read().ready()
-            && self.slices.read().ready()
-            && self.endpoints.read().ready()
-            && self.networks.ready()
+        self.followers_ready() && self.networks.ready()
+    }
+
+    /// Whether the caches of our followers have completed a listing (the networks aside).
+    pub fn followers_ready(&self) -> bool {
+        self.services.read().ready() && self.slices.read().ready() && self.endpoints.read().ready()
     }
 
     /// The local networks as listed (tests: a cluster with no nodes, ServiceCIDRs or API
