@@ -127,9 +127,9 @@ async fn a_remote_listing_local_addresses_reaches_no_follower_with_them() {
         )
         .await;
     }
-    let notes = eventually("an AddressRefused Event", WAIT, || {
-        // before the follower exists its first pass records it on the daemon's Lease
-        support::event_notes(LOCAL, &ns.name, "AddressRefused", None)
+    let notes = eventually("an AddressRefused Event on the follower", WAIT, || {
+        // the pass that creates the follower records it there (not on the daemon's Lease)
+        support::event_notes(LOCAL, &ns.name, "AddressRefused", Some(("Service", "web")))
     })
     .await;
     assert!(
@@ -229,4 +229,76 @@ async fn in_strict_mode_a_remote_contributes_only_inside_the_networks_its_secret
         vec![OWN]
     );
     assert!(west.get("web").await.unwrap().uid().is_some());
+}
+
+/// The MCS import's slices in `ns`: every address they hold, sorted.
+async fn import_addresses(ns: &str, name: &str) -> Result<Vec<String>, String> {
+    let api: Api<EndpointSlice> = Api::namespaced(client(LOCAL).await, ns);
+    let lp =
+        ListParams::default().labels(&format!("multicluster.kubernetes.io/service-name={name}"));
+    let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+    let mut ips: Vec<String> = list
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+        .collect();
+    ips.sort();
+    Ok(ips)
+}
+
+#[tokio::test]
+async fn an_mcs_export_listing_local_addresses_reaches_no_import_with_them() {
+    support::mcs::crds().await;
+    let ns = namespace("addresses-mcs").await;
+    let (api, service_ip) = local_addresses().await;
+    let east = client(REMOTE).await;
+    // east's own address, the local API server's and one of the local Service network
+    support::mcs::service(&east, &ns.name, "web", 80, &[OWN, &api, &service_ip]).await;
+    support::mcs::export(&east, &ns.name, "web").await;
+    let args = with_args(
+        args_for(&ns.name),
+        &["--mcs", "--local-cluster-name", LOCAL],
+    );
+    let d = Daemon::start(&args).await;
+    support::mcs::import_listing(&client(LOCAL).await, &ns.name, "web", &[REMOTE]).await;
+    eventually(
+        "the import's slices to hold east's own address only",
+        WAIT,
+        || async {
+            let got = import_addresses(&ns.name, "web").await?;
+            if got == [OWN] {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
+    .await;
+    for reason in ["LocalApiServer", "LocalServiceNetwork"] {
+        d.wait_metric(
+            "xcc_addresses_refused_total",
+            &[("remote", REMOTE), ("reason", reason)],
+            1.0,
+        )
+        .await;
+    }
+    // the pass that creates the import reports on it
+    let notes = eventually("an AddressRefused Event on the ServiceImport", WAIT, || {
+        support::event_notes(
+            LOCAL,
+            &ns.name,
+            "AddressRefused",
+            Some(("ServiceImport", "web")),
+        )
+    })
+    .await;
+    assert!(notes.iter().any(|n| n.contains(api.as_str())), "{notes:?}");
+    assert!(
+        !import_addresses(&ns.name, "web")
+            .await
+            .unwrap()
+            .iter()
+            .any(|ip| *ip == api || *ip == service_ip),
+        "no local address in the import"
+    );
 }

@@ -365,6 +365,143 @@ async fn a_remote_cannot_point_local_clients_at_local_pods() {
     );
 }
 
+/// What west's pods resolve `host` to (`load resolve` in the client pod: the pod's resolver,
+/// through CoreDNS, as `dig` from a pod would show it).
+async fn resolve_from(cluster: &'static str, ns: &str, host: &str) -> Result<Vec<String>, String> {
+    let (ns, host) = (ns.to_string(), host.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        exec(cluster, &ns, "client", &["/load", "resolve", &host])
+    })
+    .await
+    .expect("exec task")?;
+    Ok(out.lines().map(str::to_string).collect())
+}
+
+/// A remote leader labelled `multicluster.kubernetes.io/service-name: db` (CoreDNS's
+/// `multicluster` plugin picks the slices of a headless import by that label) would, if its
+/// labels reached its follower's slices, add its addresses to the answers for another import,
+/// west's own headless `db`. The label is refused (issue 27, reserved labels): a west pod resolving
+/// `db.<ns>.svc.clusterset.local` gets west's address only, while the follower holds the remote's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_with_reserved_labels_adds_no_address_to_another_imports_name() {
+    clusters().await;
+    let _east_up = EAST_UP.read().await;
+    let ns = namespace_in("traffic-labels", &[EAST, WEST]).await;
+    let (east, west) = (client(EAST).await, client(WEST).await);
+    let pp = PostParams::default();
+    // west exports a headless `db` (one address of its own, written by hand)
+    const DB: &str = "10.76.0.7";
+    const DB2: &str = "10.76.0.8";
+    const HOSTILE: &str = "10.77.0.5";
+    let db: k8s_openapi::api::core::v1::Service = obj(json!({
+        "metadata": {"name": "db"},
+        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }));
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(west.clone(), &ns.name)
+        .create(&pp, &db)
+        .await
+        .expect("west's db");
+    let db_slice: EndpointSlice = obj(json!({
+        "metadata": {"name": "db-1", "labels": {"kubernetes.io/service-name": "db",
+                     "endpointslice.kubernetes.io/managed-by": "someone-else"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [DB], "conditions": {"ready": true}}]
+    }));
+    Api::<EndpointSlice>::namespaced(west.clone(), &ns.name)
+        .create(&pp, &db_slice)
+        .await
+        .expect("west's db slice");
+    support::mcs::export(&west, &ns.name, "db").await;
+    client_pod(&west, &ns.name).await;
+    // east's leader claims to be a slice of `db` for CoreDNS
+    let mut leader = support::exported("web", 80);
+    let labels = leader.metadata.labels.get_or_insert_default();
+    labels.insert(
+        "multicluster.kubernetes.io/service-name".into(),
+        "db".into(),
+    );
+    labels.insert(
+        "multicluster.kubernetes.io/source-cluster".into(),
+        "west".into(),
+    );
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(east.clone(), &ns.name)
+        .create(&pp, &leader)
+        .await
+        .expect("the hostile leader");
+    Api::<EndpointSlice>::namespaced(east, &ns.name)
+        .create(&pp, &support::remote_slice("web", "web-1", &[HOSTILE]))
+        .await
+        .expect("its slice");
+
+    let mut args = with_flag(
+        with_flag(args_for(&ns.name), "--local-context", WEST),
+        "--remote-context",
+        EAST,
+    );
+    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let daemon = Daemon::start(&args).await;
+    // the follower holds the remote's address (so the hostile slice did reach west)
+    let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns.name);
+    eventually("the follower's slice with east's address", WAIT, || async {
+        let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+        let list = slices.list(&lp).await.map_err(|e| e.to_string())?;
+        let held: Vec<String> = list
+            .items
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+            .collect();
+        if held == [HOSTILE] {
+            Ok(())
+        } else {
+            Err(format!("{held:?}"))
+        }
+    })
+    .await;
+    // an address west adds to db now is written (by the daemon, into the import's slice) after
+    // the follower's slice: once CoreDNS answers with it, its watch has passed the follower's
+    // slice too, so that slice, had it kept the label, would be in the answer
+    let mut db_slice: EndpointSlice = Api::<EndpointSlice>::namespaced(west.clone(), &ns.name)
+        .get("db-1")
+        .await
+        .expect("west's db slice");
+    db_slice.endpoints.push(obj(
+        json!({"addresses": [DB2], "conditions": {"ready": true}}),
+    ));
+    Api::<EndpointSlice>::namespaced(west.clone(), &ns.name)
+        .replace("db-1", &pp, &db_slice)
+        .await
+        .expect("a second address for db");
+    wait_client(&west, &ns.name).await;
+    let name = format!("db.{}.svc.clusterset.local", ns.name);
+    let got = eventually(
+        "a west pod to resolve db with west's second address",
+        WAIT,
+        || async {
+            let got = resolve_from(WEST, &ns.name, &name).await?;
+            if got.iter().any(|a| a == DB2) {
+                Ok(got)
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        got,
+        [DB, DB2],
+        "{name} shows an address of the hostile remote"
+    );
+    // both labels counted as refused
+    daemon
+        .wait_metric(
+            "xcc_labels_refused_total",
+            &[("remote", EAST), ("reason", "reserved")],
+            2.0,
+        )
+        .await;
+}
+
 // ---- traffic under events (issue 20, §2 b, e, f, g) ----------------------------------------
 //
 // One set-up, phases in a row: east and north run `web` (2 pods each, exported), west's daemon

@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
@@ -223,6 +223,8 @@ impl Snapshot {
 struct Wrote {
     applied: bool,
     deleted: bool,
+    /// the ServiceImport this pass created (where its refusals are reported)
+    created_import: Option<ObjectReference>,
 }
 
 impl Wrote {
@@ -269,10 +271,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
             .collect();
         return Ok(ctx.refuse_protected(key, &exporting).await);
     }
-    let on = snap.import.as_ref().map(|i| i.object_ref(&()));
-    for (remote, refused) in &snap.refused {
-        ctx.refused(key, remote, refused, on.clone()).await;
-    }
     let mut wrote = Wrote::default();
     let outcome = match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
         Ok(()) => wrote.outcome(),
@@ -283,6 +281,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         }
         Err(Stop::Err(e)) => return Err(e),
     };
+    // refusals are reported on the import once it exists, the one this pass created included
+    let on = (snap.import.as_ref().map(|i| i.object_ref(&()))).or(wrote.created_import);
+    for (remote, refused) in &snap.refused {
+        ctx.refused(key, remote, refused, on.clone()).await;
+    }
     if outcome != Outcome::NotReady {
         ctx.metrics
             .reconciles
@@ -390,7 +393,9 @@ async fn write_import(
             Err(Stop::Outcome(conflict(ctx, key, "ServiceImport", on).await))
         }
         Change::Create(obj) => {
-            *live = Some(create(ctx, key, &mcs.imports, &obj, wrote).await?);
+            let made = create(ctx, key, &mcs.imports, &obj, wrote).await?;
+            wrote.created_import = Some(made.object_ref(&()));
+            *live = Some(made);
             Ok(true)
         }
         Change::Update(obj) if !held => {

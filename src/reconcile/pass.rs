@@ -193,9 +193,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
     ctx.count_refused_labels(&merged.refused_labels);
     let on = snap.service.as_ref().map(|s| s.object_ref(&()));
-    for (remote, refused) in &snap.refused {
-        ctx.refused(key, remote, refused, on.clone()).await;
-    }
     for (cluster, skip) in std::mem::take(&mut merged.skipped) {
         ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
             .await;
@@ -205,11 +202,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
             merged.contributors.insert(cluster);
         }
     }
+    let mut created = None;
     let outcome = if snap.service.is_some() && !proof.owns(&recorded_service) {
         match &merged.follower {
             Some(f) => {
                 let winner = origin_of(&f.service, ctx);
-                let theirs = on.unwrap_or_else(|| service_ref(key));
+                let theirs = on.clone().unwrap_or_else(|| service_ref(key));
                 ctx.conflict(key, &winner, "Service", theirs).await
             }
             None => Outcome::Unchanged,
@@ -219,11 +217,26 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         match merged.follower.take() {
             Some(mut f) => {
                 record_contributors(&mut f, &merged.contributors, ctx);
-                apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await?
+                let (outcome, uid) =
+                    apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await?;
+                created = uid.filter(|_| snap.service.is_none());
+                outcome
             }
             None => remove(ctx, key, &snap, &proof, &recorded_service).await?,
         }
     };
+    // refusals are reported on the follower once it exists, the one this pass created included
+    if !snap.refused.is_empty() {
+        let on = on.or_else(|| {
+            created.map(|uid| ObjectReference {
+                uid: Some(uid),
+                ..service_ref(key)
+            })
+        });
+        for (remote, refused) in &snap.refused {
+            ctx.refused(key, remote, refused, on.clone()).await;
+        }
+    }
     ctx.metrics
         .reconciles
         .get_or_create(&ByOutcome::new(outcome.label()))
@@ -503,16 +516,16 @@ async fn apply_follower(
     proof: &Proof,
     held: bool,
     mut f: Follower,
-) -> Result<Outcome> {
+) -> Result<(Outcome, Option<String>)> {
     let actual = snap.service.as_deref().cloned();
     let (uid, mut changed) = match ensure_service(ctx, key, proof, actual, &f.service).await? {
         ServiceState::Ready { uid, changed } => (uid, changed),
-        ServiceState::Done(outcome) => return Ok(outcome),
+        ServiceState::Done(outcome) => return Ok((outcome, None)),
     };
     set_slice_owner(&mut f.slices, &key.name, &uid);
     match apply_slices(ctx, key, snap, proof, &f.slices).await? {
         Some(c) => changed |= c,
-        None => return Ok(Outcome::Conflict),
+        None => return Ok((Outcome::Conflict, Some(uid))),
     }
     // legacy Endpoints: one object for every remote; while a recorded remote is unknown it may
     // hold that remote's addresses, so it is left as it is
@@ -523,14 +536,15 @@ async fn apply_follower(
     if !(held && have_ep.is_some()) {
         match apply_endpoints(ctx, key, proof, f.endpoints.as_ref(), have_ep).await? {
             Some(c) => changed |= c,
-            None => return Ok(Outcome::Conflict),
+            None => return Ok((Outcome::Conflict, Some(uid))),
         }
     }
-    Ok(if changed {
+    let outcome = if changed {
         Outcome::Applied
     } else {
         Outcome::Unchanged
-    })
+    };
+    Ok((outcome, Some(uid)))
 }
 
 /// EndpointSlices: ours by name; others (e.g. mirrored by kube-controller-manager, or of a

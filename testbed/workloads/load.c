@@ -15,7 +15,10 @@
  *                         time T has its line once every seq below that of a line sent at or
  *                         after T is there.
  *   load idle             waits until killed (a pod to `kubectl exec` into)
+ *   load resolve HOST     the IPv4 addresses the pod's resolver gives for HOST (as `dig` would
+ *                         show them, through resolv.conf), one a line, sorted; exit 1 if none
  * URL is http://HOST[:PORT][/PATH]; connect and answer each have a 2 s deadline. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -176,6 +179,30 @@ static void run(const struct url *u, double rate) {
 /* as a pod's first process it has no default action for SIGTERM: end at once */
 static void on_term(int sig) { _exit(128 + sig); }
 
+static int by_text(const void *a, const void *b) { return strcmp(a, b); }
+
+/* every IPv4 address of host, one a line, sorted and without repeats */
+static int resolve(const char *host) {
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai, *p;
+  int rc = getaddrinfo(host, NULL, &hints, &ai);
+  if (rc != 0) {
+    fprintf(stderr, "load: %s: %s\n", host, gai_strerror(rc));
+    return 1;
+  }
+  char seen[64][INET_ADDRSTRLEN];
+  size_t n = 0;
+  for (p = ai; p && n < 64; p = p->ai_next) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)p->ai_addr;
+    inet_ntop(AF_INET, &in->sin_addr, seen[n], INET_ADDRSTRLEN);
+    n++;
+  }
+  freeaddrinfo(ai);
+  qsort(seen, n, INET_ADDRSTRLEN, by_text);
+  for (size_t i = 0; i < n; i++)
+    if (i == 0 || strcmp(seen[i], seen[i - 1]) != 0) puts(seen[i]);
+  return n ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   struct url u;
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -184,9 +211,10 @@ int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "idle") == 0) {
     for (;;) pause();
   }
+  if (argc == 3 && strcmp(argv[1], "resolve") == 0) return resolve(argv[2]);
   if (argc < 3 || parse_url(argv[2], &u) != 0 ||
       (strcmp(argv[1], "get") != 0 && strcmp(argv[1], "run") != 0)) {
-    fprintf(stderr, "usage: load get URL | load run URL [RATE] | load idle   (URL: http://HOST[:PORT][/PATH])\n");
+    fprintf(stderr, "usage: load get URL | load run URL [RATE] | load idle | load resolve HOST   (URL: http://HOST[:PORT][/PATH])\n");
     return 2;
   }
   if (strcmp(argv[1], "run") == 0) {
