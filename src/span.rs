@@ -38,3 +38,21 @@ pub fn parse_optional(s: &str) -> Result<Option<Duration>, String> {
         s => parse(s).map(Some),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optional_durations() {
+        assert_eq!(parse_optional("300"), Ok(Some(Duration::from_secs(300))));
+        assert_eq!(parse_optional("5m"), Ok(Some(Duration::from_secs(300))));
+        assert_eq!(parse_optional("2h"), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(parse_optional("off"), Ok(None));
+        assert_eq!(parse_optional(""), Ok(None));
+        assert!(parse_optional("0").is_err());
+        assert!(parse_optional("5 minutes").is_err());
+        assert!(parse_optional("-3").is_err());
+        assert!(parse_optional("99999999999999999d").is_err());
+    }
+}

@@ -1,5 +1,6 @@
-//! The data-path benchmark (issue 20 §3), ignored by default: `XCC_BENCH_DATAPATH=1
-//! scripts/bench` runs it on a fresh bench bed (`.testbed-bench/`) and it writes the "Data
+//! The data-path benchmark (issue 20 §3), a measurement `cargo test` never runs (`test = false`
+//! in Cargo.toml): `XCC_BENCH_DATAPATH=1 scripts/bench` runs it on a fresh bench bed
+//! (`.testbed-bench/`) and it writes the "Data
 //! path" section of bench/results.md (and the "datapath" key of results.json). Two clusters
 //! with a node each: east runs `web` and exports it, west runs the real daemon (release build)
 //! with east as its static remote. Every figure of west sits beside the same figure of east in

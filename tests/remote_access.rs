@@ -625,7 +625,16 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     for f in ["shop", "cart", "after-restart"] {
         present(&local, f).await.expect("every follower kept");
     }
-    assert!(!d.logs().contains("not renewed"), "{}", d.logs());
+    // every renewal the restarted daemon counted, of any outcome, renewed
+    assert_eq!(
+        d.family_total("xcc_remote_credential_renewals_total"),
+        d.metric(
+            "xcc_remote_credential_renewals_total",
+            &[("remote", "east-renew"), ("outcome", "renewed")]
+        ),
+        "a renewal failed\n{}",
+        d.logs()
+    );
     drop(d);
     cleanup_reader_roles(&ns.name).await;
 }

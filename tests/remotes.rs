@@ -517,7 +517,12 @@ async fn a_remote_secret_swapped_to_another_cluster_is_held_and_deletes_nothing(
     );
     // follower writes: the new leader's health Lease and Events are writes too, at their own time
     assert_eq!(d2.follower_writes(&VERBS), 0.0, "{}", d2.logs());
-    assert!(!d2.logs().contains("remote joined"), "{}", d2.logs());
+    assert_eq!(
+        d2.metric("xcc_remote_changes_total", &[("change", "joined")]),
+        0.0,
+        "south never joined\n{}",
+        d2.logs()
+    );
     let after = snapshot(&lc, &[&ns.name]).await;
     conclude(
         Report {

@@ -1,10 +1,13 @@
 //! Benchmark on the test bed (run it with `scripts/bench`; it is not part of the test command).
 //!
 //! For each scenario (labelled remote services x endpoints each) it measures, against the real
-//! API servers: the floor (a plain client writing the same local objects as fast as the API
-//! server takes them), the daemon's time from start to full convergence, its peak and steady
-//! memory and CPU seconds, the API writes it caused (from the API server's own
-//! apiserver_request_total) and the writes during an idle period. One scenario also measures
+//! API servers: the floor (the daemon's own objects, computed by its pure desired state, written
+//! by a plain client and timed by the same watch counters as the daemon, right before and right
+//! after it: see [`multi`]), the daemon's time from start to full convergence, its peak and
+//! steady memory and CPU seconds, the API writes it caused (from the API server's own
+//! apiserver_request_total) and the writes during an idle window that holds a whole sweep (the
+//! benchmarked daemons sweep every 20 s). The floor of earlier runs (plain objects, timed until
+//! the last create answered) is reported beside it. One scenario also measures
 //! steady-state propagation lag at a fixed rate of endpoint changes, observed by a separate
 //! watcher on the local cluster. Results go to bench/results.{md,json} and bench/*.svg.
 //!
@@ -227,6 +230,8 @@ async fn api_writes_of(c: &Client, resources: &[&str]) -> Res<f64> {
 
 struct Proc {
     child: Child,
+    /// the daemon's admin server (its /metrics) at 127.0.0.1
+    port: u16,
 }
 
 impl Proc {
@@ -302,6 +307,7 @@ fn spawn_daemon(
     log: &Path,
 ) -> Res<Proc> {
     let out = std::fs::File::create(log)?;
+    let port = free_port()?;
     let child = Command::new(bin)
         .args([
             "--devmode",
@@ -312,7 +318,13 @@ fn spawn_daemon(
             "--watch-namespace",
             ns,
         ])
-        .args(["--workers", "32", "--admin-bind", "127.0.0.1:0"])
+        .args([
+            "--workers",
+            "32",
+            "--admin-bind",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args(["--sweep-schedule", SWEEP_SCHEDULE])
         .args(extra)
         .env("KUBECONFIG", kubeconfig)
         // XCC_BENCH_RUST_LOG=info for a timeline of the daemon's writes (the log is kept in /tmp)
@@ -326,7 +338,78 @@ fn spawn_daemon(
         .stdout(Stdio::from(out.try_clone()?))
         .stderr(Stdio::from(out))
         .spawn()?;
-    Ok(Proc { child })
+    Ok(Proc { child, port })
+}
+
+/// The sweep schedule of every benchmarked daemon: often enough that an idle window, which
+/// lasts until a whole sweep has run inside it, stays short (the daemon's default is every
+/// five minutes, when a sweep would rarely fall in a window of a few seconds).
+pub(crate) const SWEEP_SCHEDULE: &str = "*/20 * * * * *";
+
+/// A TCP port nothing listens on at 127.0.0.1 now (the daemon's admin server).
+pub(crate) fn free_port() -> Res<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The daemon's /metrics text.
+pub(crate) async fn daemon_metrics(port: u16) -> Res<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+/// The sweeps the daemon has run to an end (`xcc_sweeps_total`, every outcome).
+async fn sweeps_ended(port: u16) -> Res<f64> {
+    let text = daemon_metrics(port).await?;
+    let ended: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("xcc_sweeps_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    if !text.contains("\nxcc_sweeps_total{") {
+        return Err("the daemon's /metrics has no xcc_sweeps_total".into());
+    }
+    Ok(ended)
+}
+
+/// An idle window that holds a whole sweep: it lasts until two sweeps have ended after its
+/// start (the first may have begun before it). Returns the seconds it lasted and the sweeps
+/// that ended in it; `writes` is read at its start and its end, and the difference returned.
+pub(crate) async fn idle_window<F, Fut>(port: u16, writes: F) -> Res<Idle>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Res<f64>>,
+{
+    let start = Instant::now();
+    let (before, ended_before) = (writes().await?, sweeps_ended(port).await?);
+    let deadline = start + Duration::from_secs(120);
+    let mut ended = ended_before;
+    while ended < ended_before + 2.0 {
+        if Instant::now() > deadline {
+            return Err(format!("no whole sweep within 120 s ({SWEEP_SCHEDULE})").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        ended = sweeps_ended(port).await?;
+    }
+    Ok(Idle {
+        writes: writes().await? - before,
+        seconds: start.elapsed().as_secs_f64(),
+        sweeps: ended - ended_before,
+    })
+}
+
+/// What an idle window saw.
+#[derive(serde::Serialize, Clone, Copy, Debug)]
+pub(crate) struct Idle {
+    pub writes: f64,
+    pub seconds: f64,
+    pub sweeps: f64,
 }
 
 /// How many objects a [`counter`] sees: None until its watch has listed them once.
@@ -426,7 +509,13 @@ struct Row {
     /// `kubernetes.io/service-name` (the slices the daemon's second slice watch receives)
     unrelated: usize,
     endpoints: usize,
+    /// the daemon's objects written directly, timed by the watch counters, right before and
+    /// right after the daemon; the ratio's denominator is their mean
+    floor_before_s: f64,
+    floor_after_s: f64,
     floor_s: f64,
+    /// the floor of runs before 2026-11-26: plain objects, timed until the last create answered
+    plain_floor_s: f64,
     converge_s: f64,
     ratio: f64,
     peak_mib: f64,
@@ -434,7 +523,10 @@ struct Row {
     cpu_s: f64,
     api_writes: f64,
     expected_writes: usize,
+    /// writes in an idle window that holds a whole sweep, its length and the sweeps it saw
     idle_writes: f64,
+    idle_s: f64,
+    idle_sweeps: f64,
 }
 
 /// One scenario's size: labelled leaders, endpoints each, and unlabelled Services beside them.
@@ -454,20 +546,34 @@ async fn scenario(
 ) -> Res<Row> {
     let Size { n, eps, unrelated } = size;
     let ns = format!("bench-{tag}-{n}-{eps}-{unrelated}");
-    let floor_ns = format!("{ns}-floor");
+    let (plain_ns, before_ns, after_ns) = (
+        format!("{ns}-plain"),
+        format!("{ns}-floor-a"),
+        format!("{ns}-floor-b"),
+    );
     for c in [east, west] {
         create_ns(c, &ns).await?;
     }
-    create_ns(west, &floor_ns).await?;
+    for floor_ns in [&plain_ns, &before_ns, &after_ns] {
+        create_ns(west, floor_ns).await?;
+    }
     eprintln!("[{n} x {eps}] remote setup");
     write_all(east, &ns, n, eps, true).await?;
     if unrelated > 0 {
         eprintln!("[{n} x {eps}] {unrelated} unrelated Services and slices");
         write_all(east, &ns, unrelated, eps, false).await?;
     }
-    eprintln!("[{n} x {eps}] floor");
-    let floor = write_all(west, &floor_ns, n, eps, false).await?;
-    eprintln!("[{n} x {eps}] floor took {floor:.1}s");
+    // the floor: the daemon's own objects, computed by its pure desired state, written directly
+    // and timed by the same watch counters (multi.rs), before and after the daemon
+    let want = multi::desired_followers(&[("east".to_string(), east.clone())], &ns).await?;
+    if want.len() != n {
+        return Err(format!("the desired state has {} followers, not {n}", want.len()).into());
+    }
+    let plain = write_all(west, &plain_ns, n, eps, false).await?;
+    let floor_before = multi::floor(west, &before_ns, &want).await?;
+    eprintln!(
+        "[{n} x {eps}] floor before the daemon {floor_before:.2}s (plain objects, unwatched: {plain:.2}s)"
+    );
 
     eprintln!("[{n} x {eps}] daemon");
     let writes_before = api_writes(west).await?;
@@ -482,19 +588,25 @@ async fn scenario(
     both_reach(&mut svcs, &mut slices, n, Duration::from_secs(600)).await?;
     let converge = start.elapsed().as_secs_f64();
     let writes = api_writes(west).await? - writes_before;
-    eprintln!("[{n} x {eps}] converged in {converge:.2}s (floor {floor:.2}s); idle period");
+    eprintln!("[{n} x {eps}] converged in {converge:.2}s; idle period");
     // let the queue drain (second passes triggered by our own writes), then measure idleness
+    // over a window that holds a whole sweep
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let idle_before = api_writes(west).await?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let idle = api_writes(west).await? - idle_before;
+    let idle = idle_window(proc.port, || api_writes(west)).await?;
     let (peak, steady, cpu) = proc.stat()?;
     drop(proc);
+    multi::same_as_written(west, &ns, &want).await?;
+    let floor_after = multi::floor(west, &after_ns, &want).await?;
+    let floor = (floor_before + floor_after) / 2.0;
+    eprintln!("[{n} x {eps}] floor after the daemon {floor_after:.2}s");
     Ok(Row {
         services: n,
         unrelated,
         endpoints: eps,
+        floor_before_s: floor_before,
+        floor_after_s: floor_after,
         floor_s: floor,
+        plain_floor_s: plain,
         converge_s: converge,
         ratio: converge / floor,
         peak_mib: peak,
@@ -502,7 +614,9 @@ async fn scenario(
         cpu_s: cpu,
         api_writes: writes,
         expected_writes: 2 * n,
-        idle_writes: idle,
+        idle_writes: idle.writes,
+        idle_s: idle.seconds,
+        idle_sweeps: idle.sweeps,
     })
 }
 
@@ -512,6 +626,10 @@ struct Lag {
     rate_per_s: u32,
     changes: usize,
     observed: usize,
+    /// changes whose remote write failed (not sent, so not awaited)
+    failed: usize,
+    /// changes sent but not seen within [`LATE`] of the last one: not in the percentiles
+    late: usize,
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
@@ -561,6 +679,9 @@ async fn lag(
 /// base, plus one new address), timed from just before its update is sent to the new address's
 /// arrival in a local slice matching `sel` (the followers', or the MCS slices of a source
 /// cluster), seen by a separate watcher.
+/// How long a lag run waits, after its last change, for the changes not seen yet.
+const LATE: Duration = Duration::from_secs(30);
+
 async fn churn(
     west: &Client,
     ns: &str,
@@ -627,20 +748,46 @@ async fn churn(
         let (slices, sent) = (slices.clone(), Arc::clone(&sent));
         handles.push(tokio::spawn(async move {
             let name = format!("{svc}-abcde");
-            if let Ok(mut cur) = slices.get(&name).await {
-                cur.endpoints = s.endpoints;
-                if let Ok(mut m) = sent.lock() {
-                    m.insert(ip, (Instant::now(), i));
-                }
-                let _ = slices.replace(&name, &PostParams::default(), &cur).await;
+            let mut cur = slices.get(&name).await.ok()?;
+            cur.endpoints = s.endpoints;
+            if let Ok(mut m) = sent.lock() {
+                m.insert(ip.clone(), (Instant::now(), i));
             }
+            if slices
+                .replace(&name, &PostParams::default(), &cur)
+                .await
+                .is_ok()
+            {
+                return Some(());
+            }
+            // not sent: nothing to see
+            if let Ok(mut m) = sent.lock() {
+                m.remove(&ip);
+            }
+            None
         }));
     }
+    let mut failed = 0;
     for h in handles {
-        let _ = h.await;
+        if !matches!(h.await, Ok(Some(()))) {
+            failed += 1;
+        }
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // every change sent is awaited until it is seen, up to LATE after the last was sent; what
+    // is still unseen then is reported as late, not dropped from the count
+    let deadline = Instant::now() + LATE;
+    let unseen = || sent.lock().map(|m| m.len()).unwrap_or(0);
+    while unseen() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = unseen();
     watch.abort();
+    if failed + late > 0 {
+        eprintln!(
+            "  {failed} changes not sent (the remote write failed), {late} sent but not seen within {} s",
+            LATE.as_secs()
+        );
+    }
     let seen = seen.lock().map(|v| v.clone()).unwrap_or_default();
     // the changes later than 100 ms, for a look at where a tail comes from
     let slow: Vec<String> = seen
@@ -671,6 +818,8 @@ async fn churn(
         rate_per_s: rate,
         changes: total,
         observed: v.len(),
+        failed,
+        late,
         p50_ms: q(0.5),
         p99_ms: q(0.99),
         max_ms: q(1.0),
@@ -956,15 +1105,18 @@ async fn main() -> Res<()> {
         std::fs::write(out.join("lag.svg"), svg_lag(lag))?;
     }
     let mut md = String::from(
-        "| services | unrelated slices | endpoints each | floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| services | unrelated slices | endpoints each | floor before (s) | floor after (s) | floor, mean (s) | plain floor (s) | daemon (s) | ratio | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | API writes (expected) | idle writes (window, sweeps in it) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &rows {
         md += &format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} ({}) | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} ({}) | {} ({:.0} s, {}) |\n",
             r.services,
             r.unrelated,
             r.endpoints,
+            r.floor_before_s,
+            r.floor_after_s,
             r.floor_s,
+            r.plain_floor_s,
             r.converge_s,
             r.ratio,
             r.peak_mib,
@@ -972,16 +1124,20 @@ async fn main() -> Res<()> {
             r.cpu_s,
             r.api_writes,
             r.expected_writes,
-            r.idle_writes
+            r.idle_writes,
+            r.idle_s,
+            r.idle_sweeps
         );
     }
     if let Some(lag) = &lag {
         md += &format!(
-            "\nPropagation lag (API object to API object: the middle part of the data path, see \"Data path\") at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
+            "\nPropagation lag (API object to API object: the middle part of the data path, see \"Data path\") at {} endpoint changes per second over {} services, {} changes, {} observed by a separate watcher ({} not sent, {} sent but not seen within 30 s, so not in the percentiles): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
             lag.rate_per_s,
             lag.services,
             lag.changes,
             lag.observed,
+            lag.failed,
+            lag.late,
             lag.p50_ms,
             lag.p99_ms,
             lag.max_ms
@@ -997,7 +1153,7 @@ async fn main() -> Res<()> {
     )?;
     let lag = lag.map(|lag| {
         json!({"services": lag.services, "rate_per_s": lag.rate_per_s, "changes": lag.changes,
-        "observed": lag.observed, "p50_ms": lag.p50_ms, "p99_ms": lag.p99_ms, "max_ms": lag.max_ms})
+        "observed": lag.observed, "failed": lag.failed, "late": lag.late, "p50_ms": lag.p50_ms, "p99_ms": lag.p99_ms, "max_ms": lag.max_ms})
     });
     let mut json = json!({"rows": rows, "lag": lag});
     if let Ok(text) = std::fs::read_to_string(out.join("results.json"))

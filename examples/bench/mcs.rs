@@ -33,7 +33,6 @@ use cross_cluster_controller::desired::mcs::{
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::multi::{apply_secret, bed_with, load_1m, namespaces};
 use super::*;
@@ -406,13 +405,6 @@ async fn clean(west: &Client, ns: &str) -> Res<()> {
     }
 }
 
-/// A TCP port nothing listens on at 127.0.0.1 now (the daemon's admin server).
-fn free_port() -> Res<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The daemon with `--mcs --local-cluster-name west`, its default workers, every remote from a
 /// Secret in `ns`, its admin server on `port`.
 fn start_mcs_daemon(bin: &Path, kc: &Path, ns: &str, port: u16) -> Res<Proc> {
@@ -428,6 +420,7 @@ fn start_mcs_daemon(bin: &Path, kc: &Path, ns: &str, port: u16) -> Res<Proc> {
             "west",
         ])
         .args(["--admin-bind", &format!("127.0.0.1:{port}")])
+        .args(["--sweep-schedule", SWEEP_SCHEDULE])
         .env("KUBECONFIG", kc)
         .env(
             "RUST_LOG",
@@ -438,7 +431,7 @@ fn start_mcs_daemon(bin: &Path, kc: &Path, ns: &str, port: u16) -> Res<Proc> {
         .stdout(Stdio::from(out.try_clone()?))
         .stderr(Stdio::from(out))
         .spawn()?;
-    Ok(Proc { child })
+    Ok(Proc { child, port })
 }
 
 /// The kinds of MCS writes (the daemon's Lease renewals are left out).
@@ -446,11 +439,7 @@ const MCS_KINDS: [&str; 4] = ["ServiceImport", "Service", "EndpointSlice", "Serv
 
 /// The daemon's `xcc_writes_total` of the MCS kinds, by `kind verb`, from its /metrics.
 async fn daemon_writes(port: u16) -> Res<BTreeMap<String, f64>> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).await?;
+    let text = daemon_metrics(port).await?;
     if !text.contains("\nxcc_writes_total{") {
         return Err("the daemon's /metrics has no xcc_writes_total".into());
     }
@@ -591,9 +580,12 @@ pub struct Converge {
     daemon_api_writes: f64,
     /// per import: create, derived create, ips update, one slice per remote, status
     min_writes: usize,
-    /// in the 10 s after those 5 s: the API server's count and the daemon's
+    /// in the idle window after those 5 s (it holds a whole sweep): the API server's count and
+    /// the daemon's
     idle_api_writes: f64,
     idle_daemon_writes: f64,
+    idle_s: f64,
+    idle_sweeps: f64,
     peak_mib: f64,
     steady_mib: f64,
     cpu_s: f64,
@@ -687,9 +679,9 @@ pub async fn convergence(bin: &Path, kc: &Path, n: usize, tag: &str) -> Res<Conv
     tokio::time::sleep(Duration::from_secs(5)).await;
     let by = daemon_writes(port).await?;
     let api = mcs_api_writes(&west).await? - api_before;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = idle_window(port, || mcs_api_writes(&west)).await?;
     let idle_by = daemon_writes(port).await?;
-    let idle_api = mcs_api_writes(&west).await? - api_before - api;
+    let idle_api = idle.writes;
     let (peak, steady, cpu) = proc.stat()?;
     drop(proc);
     same_as_floor(&west, &ns, &held).await?;
@@ -725,6 +717,8 @@ pub async fn convergence(bin: &Path, kc: &Path, n: usize, tag: &str) -> Res<Conv
         min_writes: imports * (4 + REMOTES),
         idle_api_writes: idle_api,
         idle_daemon_writes: total(&idle_by) - total(&by),
+        idle_s: idle.seconds,
+        idle_sweeps: idle.sweeps,
         peak_mib: peak,
         steady_mib: steady,
         cpu_s: cpu,
@@ -884,7 +878,7 @@ pub fn markdown(res: &Results, sizes: &[usize]) -> String {
         " The daemon's objects were compared with the floor's (first and last key) and are the same."
     };
     let mut md = format!(
-        "{SECTION}\n\n`XCC_BENCH_MCS=1{} scripts/bench {sizes}`; each scenario on a fresh bed: west (local; the daemon with `--mcs --local-cluster-name west` and its default {workers} workers) and the remotes east and north, both read from Secrets, each exporting the same N Services from one namespace (a ClusterIP Service, one EndpointSlice of 3 endpoints, a ServiceExport each): N ServiceImports in west, each with a derived Service and one slice per remote. Floor: the daemon's own objects (computed by the pure `desired::mcs` functions its pass calls), written by a plain client with {workers} keys in flight, each key along the daemon's chain (create the ServiceImport, create the derived Service owned by it, update the import with `spec.ips`, create the slices, write `status.clusters`); run before and after the daemon in the same namespace, cleaned between runs; the ratio is against the mean of the two. Both are timed until a watcher on west has seen every ServiceImport with its `ips` and both clusters in `status.clusters`, and every MCS slice.{compared} Writes: the daemon's `xcc_writes_total` (MCS kinds) and the local API server's `apiserver_request_total` (mutating, ServiceImports, Services, EndpointSlices, ServiceExports), read 5 s after convergence; idle: the next 10 s. Whole run: {:.0} s.\n",
+        "{SECTION}\n\n`XCC_BENCH_MCS=1{} scripts/bench {sizes}`; each scenario on a fresh bed: west (local; the daemon with `--mcs --local-cluster-name west` and its default {workers} workers) and the remotes east and north, both read from Secrets, each exporting the same N Services from one namespace (a ClusterIP Service, one EndpointSlice of 3 endpoints, a ServiceExport each): N ServiceImports in west, each with a derived Service and one slice per remote. Floor: the daemon's own objects (computed by the pure `desired::mcs` functions its pass calls), written by a plain client with {workers} keys in flight, each key along the daemon's chain (create the ServiceImport, create the derived Service owned by it, update the import with `spec.ips`, create the slices, write `status.clusters`); run before and after the daemon in the same namespace, cleaned between runs; the ratio is against the mean of the two. Both are timed until a watcher on west has seen every ServiceImport with its `ips` and both clusters in `status.clusters`, and every MCS slice.{compared} Writes: the daemon's `xcc_writes_total` (MCS kinds) and the local API server's `apiserver_request_total` (mutating, ServiceImports, Services, EndpointSlices, ServiceExports), read 5 s after convergence; idle: from then until two sweeps have ended (a whole sweep inside; the benchmark's daemons sweep every 20 s, `--sweep-schedule \"*/20 * * * * *\"`). Whole run: {:.0} s.\n",
         std::env::var("XCC_BENCH_MCS_ONLY")
             .map(|o| format!(" XCC_BENCH_MCS_ONLY={o}"))
             .unwrap_or_default(),
@@ -894,7 +888,7 @@ pub fn markdown(res: &Results, sizes: &[usize]) -> String {
         md += "\n### Convergence and memory\n\n| exports per remote | imports | MCS slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | floor writes (API server) | daemon writes, xcc_writes_total (API server) | minimum | idle writes, API server (daemon) | peak RSS (MiB) | steady RSS (MiB) | CPU (s) | load (1 min) at the daemon's start |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
         for r in &res.convergence {
             md += &format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} | {} ({}) | {:.1} | {:.1} | {:.2} | {:.1} |\n",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} | {} ({}) in {:.0} s, {} sweeps | {:.1} | {:.1} | {:.2} | {:.1} |\n",
                 r.exports_each,
                 r.imports,
                 r.mcs_slices,
@@ -910,6 +904,8 @@ pub fn markdown(res: &Results, sizes: &[usize]) -> String {
                 r.min_writes,
                 r.idle_api_writes,
                 r.idle_daemon_writes,
+                r.idle_s,
+                r.idle_sweeps,
                 r.peak_mib,
                 r.steady_mib,
                 r.cpu_s,
@@ -960,12 +956,14 @@ pub fn markdown(res: &Results, sizes: &[usize]) -> String {
     }
     if let Some(l) = &res.lag {
         md += &format!(
-            "\n### Propagation lag\n\n{} endpoint changes per second for {} s on east's exported slices (east and north exporting the same {} Services), from just before the remote write to a separate watcher on west seeing the new address in east's MCS slice: {} changes, {} observed: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local MCS writes meanwhile: {} (one slice update per change is the minimum). The machine's 1-minute load average: {:.1} before the changes, {:.1} after.\n",
+            "\n### Propagation lag\n\n{} endpoint changes per second for {} s on east's exported slices (east and north exporting the same {} Services), from just before the remote write to a separate watcher on west seeing the new address in east's MCS slice: {} changes, {} observed ({} not sent, {} not seen within 30 s, not in the percentiles): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local MCS writes meanwhile: {} (one slice update per change is the minimum). The machine's 1-minute load average: {:.1} before the changes, {:.1} after.\n",
             l.lag.rate_per_s,
             l.lag.changes / l.lag.rate_per_s.max(1) as usize,
             l.lag.services,
             l.lag.changes,
             l.lag.observed,
+            l.lag.failed,
+            l.lag.late,
             l.lag.p50_ms,
             l.lag.p99_ms,
             l.lag.max_ms,

@@ -152,7 +152,10 @@ pub struct Spread {
     api_writes: f64,
     /// one write per local object: the minimum
     min_writes: usize,
+    /// writes in an idle window that holds a whole sweep, its length and the sweeps it saw
     idle_writes: f64,
+    idle_s: f64,
+    idle_sweeps: f64,
     /// followers whose origin-clusters annotation names every remote that exports them
     complete_followers: usize,
 }
@@ -202,7 +205,10 @@ async fn cluster_id(c: &Client) -> Res<String> {
 /// The followers the daemon is to write for the leaders the remotes hold in `ns`, computed by
 /// the daemon's own pure desired state, as a pass computes them for a key with no follower yet
 /// (merge, then the origin-clusters annotation the pass adds).
-async fn desired_followers(remotes: &[(String, Client)], ns: &str) -> Res<Vec<Follower>> {
+pub(crate) async fn desired_followers(
+    remotes: &[(String, Client)],
+    ns: &str,
+) -> Res<Vec<Follower>> {
     let opts = |cluster_name: String, cluster_id| Options {
         label_key: KEY.into(),
         cluster_name,
@@ -272,7 +278,7 @@ async fn desired_followers(remotes: &[(String, Client)], ns: &str) -> Res<Vec<Fo
 /// Fails unless the first and the last desired follower match what the daemon wrote (labels,
 /// annotations, ports; each slice's labels, annotations, endpoints and owner): the floor
 /// writes the daemon's objects, not lighter ones.
-async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> {
+pub(crate) async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> {
     for f in [want.first(), want.last()].into_iter().flatten() {
         let name = f.service.name_any();
         let live = Api::<Service>::namespaced(west.clone(), ns)
@@ -305,7 +311,7 @@ async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> 
 
 /// The floor: these followers written into `ns` directly (32 in flight, each slice after its
 /// Service, owned by it), timed until the watch counters see them all.
-async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
+pub(crate) async fn floor(west: &Client, ns: &str, want: &[Follower]) -> Res<f64> {
     floor_of(west, ns, want, Anatomy::default()).await
 }
 
@@ -428,9 +434,7 @@ pub async fn spread(
     let writes = api_writes(&west).await? - writes_before;
     eprintln!("{label} converged in {converge:.2}s; idle period");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let idle_before = api_writes(&west).await?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let idle = api_writes(&west).await? - idle_before;
+    let idle = idle_window(proc.port, || api_writes(&west)).await?;
     let (peak, steady, cpu) = proc.stat()?;
     let complete = followers_recording(&west, &ns, if shared { r } else { 1 }).await?;
     drop(proc);
@@ -492,7 +496,9 @@ pub async fn spread(
         cpu_s: cpu,
         api_writes: writes,
         min_writes: followers + follower_slices,
-        idle_writes: idle,
+        idle_writes: idle.writes,
+        idle_s: idle.seconds,
+        idle_sweeps: idle.sweeps,
         complete_followers: complete,
     })
 }
@@ -708,11 +714,11 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     );
     let table = |rows: &[Spread]| {
         let mut t = String::from(
-            "\n| remotes | services each | followers | follower slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | plain-object floor (s) | daemon / plain-object floor | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes | followers recording every exporting remote | load (1 min) at the daemon's start |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "\n| remotes | services each | followers | follower slices | floor before (s) | floor after (s) | floor, mean (s) | daemon (s) | ratio | plain-object floor (s) | daemon / plain-object floor | peak RSS (MiB) | steady RSS (MiB) | peak RSS per 1,000 followers (MiB) | CPU (s) | API writes (minimum) | idle writes (window, sweeps in it) | followers recording every exporting remote | load (1 min) at the daemon's start |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in rows {
             t += &format!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} | {} of {} | {:.1} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {} ({}) | {} ({:.0} s, {}) | {} of {} | {:.1} |\n",
                 r.remotes,
                 r.services_each,
                 r.followers,
@@ -731,6 +737,8 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
                 r.api_writes,
                 r.min_writes,
                 r.idle_writes,
+                r.idle_s,
+                r.idle_sweeps,
                 r.complete_followers,
                 r.followers,
                 r.load_1m
@@ -774,13 +782,15 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     }
     if let Some(l) = &res.lag {
         md += &format!(
-            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum). The machine's 1-minute load average: {:.1} before the changes, {:.1} after.\n",
+            "\n### Propagation lag, changes spread over {} remotes\n\n{} endpoint changes per second in total, round-robin over {} remotes exporting the same {} Services (merged followers), {} changes, {} observed ({} not sent, {} not seen within 30 s, not in the percentiles) by a separate watcher on the local cluster: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} later than 100 ms. Local Service and EndpointSlice writes meanwhile: {} (one per change is the minimum). The machine's 1-minute load average: {:.1} before the changes, {:.1} after.\n",
             l.remotes,
             l.lag.rate_per_s,
             l.remotes,
             l.lag.services,
             l.lag.changes,
             l.lag.observed,
+            l.lag.failed,
+            l.lag.late,
             l.lag.p50_ms,
             l.lag.p99_ms,
             l.lag.max_ms,

@@ -19,12 +19,6 @@ use crate::reconcile::worker::Controller;
 use crate::runtime::metrics::{ByRemote, ByRemoteTo};
 use crate::state::cache::GroupKey;
 
-/// Parses a `stale_after` setting: seconds (`300`), or with a unit (`300s`, `5m`, `2h`);
-/// `off` (or empty) is no policy.
-pub fn parse_stale_after(s: &str) -> Result<Option<Duration>, String> {
-    crate::span::parse_optional(s).map_err(|e| format!("stale-after {e}"))
-}
-
 /// What a step changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transition {
@@ -164,17 +158,6 @@ mod tests {
 
     fn at(t0: Instant, secs: u64) -> Instant {
         t0 + Duration::from_secs(secs)
-    }
-
-    #[test]
-    fn stale_after_settings() {
-        assert_eq!(parse_stale_after("300"), Ok(Some(Duration::from_secs(300))));
-        assert_eq!(parse_stale_after("5m"), Ok(Some(Duration::from_secs(300))));
-        assert_eq!(parse_stale_after("2h"), Ok(Some(Duration::from_secs(7200))));
-        assert_eq!(parse_stale_after("off"), Ok(None));
-        assert!(parse_stale_after("0").is_err());
-        assert!(parse_stale_after("5 minutes").is_err());
-        assert!(parse_stale_after("-3").is_err());
     }
 
     #[test]

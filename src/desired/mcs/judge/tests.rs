@@ -1,0 +1,358 @@
+use super::*;
+use crate::desired::mcs::test_support::*;
+use serde_json::json;
+
+fn reasons(j: &Judgement<'_, '_>) -> Vec<(&'static str, Vec<String>)> {
+    j.conflicts
+        .iter()
+        .map(|c| (c.reason.reason(), c.clusters.clone()))
+        .collect()
+}
+
+#[test]
+fn validity_of_an_export() {
+    let ex = export("east", "2024-01-01T00:00:00Z");
+    let svc = hello();
+    let external = service(json!({"type": "ExternalName", "externalName": "example.com"}));
+    let table = [
+        (Some(&svc), Validity::Valid, "Valid"),
+        (None, Validity::NoService, "NoService"),
+        (
+            Some(&external),
+            Validity::InvalidServiceType,
+            "InvalidServiceType",
+        ),
+    ];
+    for (service, want, reason) in table {
+        let e = ClusterExport {
+            cluster: "east",
+            export: &ex,
+            service,
+            slices: vec![],
+        };
+        assert_eq!(validity(&e), want);
+        assert_eq!(want.reason(), reason);
+    }
+}
+
+#[test]
+fn the_oldest_valid_export_wins_and_ties_go_by_cluster_name() {
+    let (a, b, c, d) = (
+        export("west", "2024-03-01T00:00:00Z"),
+        export("east", "2024-01-01T00:00:00Z"),
+        export("north", "2024-01-01T00:00:00Z"),
+        export("south", "2023-01-01T00:00:00Z"),
+    );
+    let mut undated = export("alpha", "2024-01-01T00:00:00Z");
+    undated.metadata.creation_timestamp = None;
+    let svc = hello();
+    let exports = [
+        member("west", &a, Some(&svc)),
+        member("east", &b, Some(&svc)),
+        member("north", &c, Some(&svc)),
+        // the oldest, but without a Service: not a member
+        member("south", &d, None),
+        member("alpha", &undated, Some(&svc)),
+    ];
+    let j = judge("shop", "hello", &exports).unwrap();
+    let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
+    assert_eq!(order, ["east", "north", "west", "alpha"]);
+    assert!(j.conflicts.is_empty(), "{:?}", j.conflicts);
+}
+
+#[test]
+fn an_export_being_deleted_takes_no_part() {
+    let a = export("east", "2024-01-01T00:00:00Z");
+    let mut b = export("west", "2023-01-01T00:00:00Z");
+    b.metadata.deletion_timestamp = Some(time("2024-06-01T00:00:00Z"));
+    let svc = hello();
+    let exports = [
+        member("east", &a, Some(&svc)),
+        member("west", &b, Some(&svc)),
+    ];
+    let j = judge("shop", "hello", &exports).unwrap();
+    assert_eq!(j.winner().unwrap().cluster, "east");
+    assert_eq!(j.members.len(), 1);
+}
+
+#[test]
+fn inputs_are_checked() {
+    let a = export("east", "2024-01-01T00:00:00Z");
+    let svc = hello();
+    let bad = [member("East_1", &a, Some(&svc))];
+    assert_eq!(
+        judge("shop", "hello", &bad).unwrap_err(),
+        McsError::InvalidClusterName("East_1".into())
+    );
+    let twice = [member("east", &a, Some(&svc)), member("east", &a, None)];
+    assert_eq!(
+        judge("shop", "hello", &twice).unwrap_err(),
+        McsError::DuplicateCluster("east".into())
+    );
+    let one = [member("east", &a, Some(&svc))];
+    let err = judge("shop", "web", &one).unwrap_err();
+    assert_eq!(err.reason(), "OtherKey");
+    assert!(err.to_string().contains("shop/hello"), "{err}");
+    assert!(judge("shop", "hello", &[]).unwrap().winner().is_none());
+}
+
+/// The conflict cases of the conformance suite and KEP-1645, each against the winner's
+/// hello Service (tcp/42 and udp/42, ClientIP affinity with a 10 s timeout).
+#[test]
+fn conflicts_table() {
+    let cases: Vec<(&str, serde_json::Value, Vec<&str>)> = vec![
+        ("identical", json!({}), vec![]),
+        (
+            "headless",
+            json!({"clusterIP": "None"}),
+            vec!["TypeConflict"],
+        ),
+        (
+            "a port added (conformance: the union, with a conflict)",
+            json!({"ports": [{"name": "tcp", "port": 42, "protocol": "TCP"},
+                                 {"name": "stcp", "port": 142, "protocol": "SCTP"}]}),
+            vec!["PortConflict"],
+        ),
+        (
+            "another number under one name",
+            json!({"ports": [{"name": "tcp", "port": 43, "protocol": "TCP"}]}),
+            vec!["PortConflict"],
+        ),
+        (
+            "another appProtocol",
+            json!({"ports": [{"name": "tcp", "port": 42, "protocol": "TCP", "appProtocol": "http"},
+                                 {"name": "udp", "port": 42, "protocol": "UDP"}]}),
+            vec!["PortConflict"],
+        ),
+        (
+            "no affinity",
+            json!({"sessionAffinity": "None", "sessionAffinityConfig": null}),
+            vec!["SessionAffinityConflict"],
+        ),
+        (
+            "another timeout",
+            json!({"sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 20}}}),
+            vec!["SessionAffinityConfigConflict"],
+        ),
+        (
+            "internal traffic policy",
+            json!({"internalTrafficPolicy": "Local"}),
+            vec!["InternalTrafficPolicyConflict"],
+        ),
+        (
+            "traffic distribution",
+            json!({"trafficDistribution": "PreferClose"}),
+            vec!["TrafficDistributionConflict"],
+        ),
+        (
+            "dual stack beside single stack",
+            json!({"ipFamilies": ["IPv4", "IPv6"]}),
+            vec!["IPFamilyConflict"],
+        ),
+        (
+            "several at once, in the fixed order",
+            json!({"clusterIP": "None", "internalTrafficPolicy": "Local",
+                       "ports": [{"name": "x", "port": 1}]}),
+            vec![
+                "TypeConflict",
+                "PortConflict",
+                "InternalTrafficPolicyConflict",
+            ],
+        ),
+    ];
+    let older = export("east", "2024-01-01T00:00:00Z");
+    let newer = export("west", "2024-01-01T00:00:02Z");
+    let winner = hello();
+    for (what, change, want) in cases {
+        let theirs = hello_with(change);
+        let exports = [
+            member("west", &newer, Some(&theirs)),
+            member("east", &older, Some(&winner)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        let got: Vec<&str> = j.conflicts.iter().map(|c| c.reason.reason()).collect();
+        assert_eq!(got, want, "{what}");
+        assert!(j.conflicts.iter().all(|c| c.winner == "east"), "{what}");
+        assert!(j.conflicts.iter().all(|c| c.clusters == ["west"]), "{what}");
+    }
+}
+
+#[test]
+fn defaults_are_no_conflict() {
+    // unset affinity, timeout, policy and protocol equal the API server's defaults
+    let older = export("east", "2024-01-01T00:00:00Z");
+    let newer = export("west", "2024-01-01T00:00:02Z");
+    let a = service(json!({"sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10800}},
+            "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}));
+    let b = service(json!({"sessionAffinity": "ClientIP",
+            "ports": [{"name": "http", "port": 80}]}));
+    let exports = [
+        member("east", &older, Some(&a)),
+        member("west", &newer, Some(&b)),
+    ];
+    assert!(
+        judge("shop", "hello", &exports)
+            .unwrap()
+            .conflicts
+            .is_empty()
+    );
+}
+
+#[test]
+fn exported_labels_and_annotations_conflict() {
+    let mut older = export("east", "2024-01-01T00:00:00Z");
+    older
+        .spec
+        .exported_labels
+        .insert("dummy-label".into(), "true".into());
+    older
+        .spec
+        .exported_annotations
+        .insert("dummy-annotation".into(), "true".into());
+    let mut newer = export("west", "2024-01-01T00:00:02Z");
+    newer
+        .spec
+        .exported_labels
+        .insert("dummy-label2".into(), "true".into());
+    newer
+        .spec
+        .exported_annotations
+        .insert("dummy-annotation2".into(), "true".into());
+    let svc = hello();
+    let exports = [
+        member("east", &older, Some(&svc)),
+        member("west", &newer, Some(&svc)),
+    ];
+    let j = judge("shop", "hello", &exports).unwrap();
+    assert_eq!(
+        reasons(&j),
+        [
+            ("LabelsConflict", vec!["west".to_string()]),
+            ("AnnotationsConflict", vec!["west".to_string()])
+        ]
+    );
+}
+
+#[test]
+fn three_clusters_the_oldest_wins_and_each_differing_one_is_named() {
+    let (a, b, c) = (
+        export("c1", "2024-01-01T00:00:03Z"),
+        export("c2", "2024-01-01T00:00:01Z"),
+        export("c3", "2024-01-01T00:00:02Z"),
+    );
+    let (s1, s2, s3) = (
+        hello_with(json!({"ports": [{"name": "tcp", "port": 44, "protocol": "TCP"}]})),
+        hello(),
+        hello_with(json!({"clusterIP": "None"})),
+    );
+    let exports = [
+        member("c1", &a, Some(&s1)),
+        member("c2", &b, Some(&s2)),
+        member("c3", &c, Some(&s3)),
+    ];
+    let j = judge("shop", "hello", &exports).unwrap();
+    assert_eq!(j.winner().unwrap().cluster, "c2");
+    assert_eq!(
+        reasons(&j),
+        [
+            ("TypeConflict", vec!["c3".to_string()]),
+            ("PortConflict", vec!["c1".to_string()])
+        ]
+    );
+    let message = j.conflicts[1].message();
+    assert!(
+        message.contains("\"c2\"") && message.contains("\"c1\""),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("ports: the import has their union"),
+        "{message}"
+    );
+    assert!(message.ends_with("cluster \"c1\" differs."), "{message}");
+}
+
+#[test]
+fn ports_are_the_union_with_the_oldest_winning() {
+    /// (name, protocol, port)
+    type Port<'a> = (&'a str, &'a str, i32);
+    let cases: Vec<(serde_json::Value, Vec<Port>)> = vec![
+        // conformance: a port added by the newer export joins the union
+        (
+            json!([{"name": "tcp", "port": 42, "protocol": "TCP"},
+                       {"name": "stcp", "port": 142, "protocol": "SCTP"}]),
+            vec![
+                ("stcp", "SCTP", 142),
+                ("tcp", "TCP", 42),
+                ("udp", "UDP", 42),
+            ],
+        ),
+        // conformance: the same name with another number: the oldest's stays
+        (
+            json!([{"name": "tcp", "port": 43, "protocol": "TCP"}]),
+            vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+        ),
+        // another name for a taken protocol and number: left out
+        (
+            json!([{"name": "other", "port": 42, "protocol": "TCP"}]),
+            vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+        ),
+        // an unnamed port cannot join named ones
+        (
+            json!([{"port": 8080}]),
+            vec![("tcp", "TCP", 42), ("udp", "UDP", 42)],
+        ),
+    ];
+    let older = export("east", "2024-01-01T00:00:00Z");
+    let newer = export("west", "2024-01-01T00:00:02Z");
+    let winner = hello();
+    for (ports, want) in cases {
+        let theirs = hello_with(json!({ "ports": ports }));
+        let exports = [
+            member("west", &newer, Some(&theirs)),
+            member("east", &older, Some(&winner)),
+        ];
+        let j = judge("shop", "hello", &exports).unwrap();
+        let got: Vec<(String, String, i32)> = j
+            .ports()
+            .into_iter()
+            .map(|p| (p.name, p.protocol, p.port))
+            .collect();
+        let want: Vec<(String, String, i32)> = want
+            .into_iter()
+            .map(|(n, p, x)| (n.to_string(), p.to_string(), x))
+            .collect();
+        assert_eq!(got, want, "{ports}");
+    }
+}
+
+#[test]
+fn families_lead_with_the_winners_primary() {
+    let older = export("east", "2024-01-01T00:00:00Z");
+    let newer = export("west", "2024-01-01T00:00:02Z");
+    let v6 = hello_with(json!({"ipFamilies": ["IPv6"]}));
+    let dual = hello_with(json!({"ipFamilies": ["IPv4", "IPv6"]}));
+    let exports = [
+        member("east", &older, Some(&v6)),
+        member("west", &newer, Some(&dual)),
+    ];
+    let j = judge("shop", "hello", &exports).unwrap();
+    assert_eq!(j.families(), ["IPv6", "IPv4"]);
+}
+
+#[test]
+fn long_cluster_lists_are_counted() {
+    let names: Vec<String> = (0..13).map(|i| format!("c{i:02}")).collect();
+    let c = Conflict {
+        reason: ConflictReason::Type,
+        winner: "w".into(),
+        clusters: names,
+    };
+    let m = c.message();
+    assert!(m.ends_with("\"c09\" and 3 more differ."), "{m}");
+    assert!(
+        m.starts_with("type (ClusterSetIP or Headless): the import takes the oldest"),
+        "{m}"
+    );
+}
