@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Image of the cross-cluster-controller daemon.
 #
-#   docker build -t ghcr.io/wearefair/cross-cluster-controller:0.1.0 .
+#   docker build -t <registry>/cross-cluster-controller:0.1.0 .
 #
 # Stage 1 builds a static-ish release binary (rustls + aws-lc-rs, no OpenSSL); the last stage is
 # a distroless image (glibc, CA certificates, no shell) running as the unprivileged user 65532.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the upstream MCS API conformance suite (kubernetes-sigs/mcs-api conformance/, a pinned
-# snapshot in shared/mcs-conformance: see its PROVENANCE.md) against clusters of the test bed:
+# Runs the upstream MCS API conformance suite (kubernetes-sigs/mcs-api conformance/ at a pinned
+# commit, found or fetched by testbed/mcs-suite.sh) against clusters of the test bed:
 #
 #   testbed/mcs-conformance.sh [--contexts east,west] [--out DIR] [--suite DIR] [--version V]
 #                              [--] [FLAG...]
@@ -8,8 +8,9 @@
 #   --contexts  the bed's clusters (contexts of its kubeconfig) to test, the first the "remote"
 #               that exports; each must have nodes (testbed/bed node NAME). Default: east,west.
 #   --out       where report.yaml, report.html and conformance.log go (default: target/mcs-conformance)
-#   --suite     the suite's folder, only read (default: $XCC_MCS_SUITE, else shared/mcs-conformance
-#               beside the repository)
+#   --suite     the suite's folder, only read (default: what testbed/mcs-suite.sh finds:
+#               $XCC_MCS_SUITE, else shared/mcs-conformance beside the repository, else a git
+#               checkout of the pinned commit in the cache, fetched on first use)
 #   --version   the implementation's version the report names (default: Cargo.toml's version and
 #               the git commit, e.g. 0.1.0+g1234abc, "-dirty" with uncommitted changes)
 #   --build-only  only build (or find) the test binary and print its path
@@ -39,7 +40,7 @@ log() { echo "mcs-conformance: $*" >&2; }
 
 contexts=east,west
 out=$repo/target/mcs-conformance
-suite=${XCC_MCS_SUITE:-$repo/../shared/mcs-conformance}
+suite=""
 version=""
 build_only=false
 while [ $# -gt 0 ]; do
@@ -54,6 +55,8 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+# no --suite: the pinned suite, found or fetched (its one line says what to set when it cannot)
+if [ -z "$suite" ]; then suite=$(bash "$here/mcs-suite.sh") || exit 1; fi
 [ -f "$suite/conformance_suite.go" ] || die "no MCS conformance suite at $suite (--suite or XCC_MCS_SUITE)"
 suite=$(cd "$suite" && pwd)
 inside=false
@@ -74,12 +77,16 @@ fi
 
 # 1. the test binary, cached by the suite's content (names and bytes), the Go toolchain and the
 # build flags (-trimpath: the reports name the suite's files by module path, not by a temporary
-# build folder)
+# build folder). Upstream's go.mod replaces sigs.k8s.io/mcs-api with `..` (the repository's
+# root): then the root is part of the build, and of the key (shared/'s snapshot dropped that
+# replace: see its PROVENANCE.md).
 command -v go >/dev/null || die "go is not installed"
 export GOTOOLCHAIN=local CGO_ENABLED=0
 build_flags=(-trimpath)
-key=$( (cd "$suite" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; go version
-  echo "${build_flags[*]}") | sha256sum | cut -c1-16)
+tree=$suite
+if grep -Eq '^replace sigs\.k8s\.io/mcs-api => \.\./?$' "$suite/go.mod"; then tree=$(dirname "$suite"); fi
+key=$( (cd "$tree" && find . -path ./.git -prune -o -type f -print0 | LC_ALL=C sort -z |
+  xargs -0 sha256sum; go version; echo "${build_flags[*]}") | sha256sum | cut -c1-16)
 binary="$cache/mcs-conformance/$key/conformance.test"
 if [ ! -x "$binary" ] && $inside; then
   die "the suite's test binary for this suite and Go version is not built ($binary is missing), and nothing can be built inside the bed's namespace: run testbed/mcs-conformance.sh --build-only outside the bed first (scripts/test does)"
@@ -89,13 +96,16 @@ if [ ! -x "$binary" ]; then
   work=$(mktemp -d "$cache/mcs-conformance/build.XXXXXX")
   # shellcheck disable=SC2064
   trap "rm -rf '$work'" EXIT
-  # a copy: the suite's folder is read-only (and go may write go.sum)
-  cp -R "$suite" "$work/src"
+  # a copy: the suite's folder is read-only (and go may write go.sum); with the root it replaces
+  # to, the whole tree (its .git left out)
+  mkdir "$work/src"
+  (cd "$tree" && tar --exclude=./.git -cf - .) | (cd "$work/src" && tar -xf -)
   chmod -R u+w "$work/src"
+  build=$work/src${suite#"$tree"}
   log "building the suite's test binary from $suite (about 80 s on two cores when cold)"
-  (cd "$work/src" && go test -c "${build_flags[@]}" -o conformance.test .) >&2 || die "building the suite failed"
+  (cd "$build" && go test -c "${build_flags[@]}" -o conformance.test .) >&2 || die "building the suite failed"
   mkdir -p "$(dirname "$binary")"
-  mv "$work/src/conformance.test" "$binary.tmp"
+  mv "$build/conformance.test" "$binary.tmp"
   mv "$binary.tmp" "$binary"
   rm -rf "$work"
   trap - EXIT

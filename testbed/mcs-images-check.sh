@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the stand-in images of testbed/mcs-images.sh behave as the MCS conformance suite
-# needs, with the suite's own commands and parsers read from its sources (XCC_MCS_SUITE, default
-# the shared/ copy beside the repository: socatListenerScript of k8s_objects.go, the nc command of
+# needs, with the suite's own commands and parsers read from its sources (the suite
+# testbed/mcs-suite.sh finds: socatListenerScript of k8s_objects.go, the nc command of
 # ncCommand in conformance_suite.go, addressesRegEx of headless_service_dns.go and srvRecordRegEx
 # of clusterip_service_dns.go):
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-suite=${XCC_MCS_SUITE:-$repo/../shared/mcs-conformance}
+suite=$(bash "$here/mcs-suite.sh") || exit 1
 [ -f "$suite/k8s_objects.go" ] || { echo "mcs-images-check: no MCS conformance suite at $suite (XCC_MCS_SUITE)" >&2; exit 1; }
 die() { echo "mcs-images-check: FAIL: $*" >&2; exit 1; }
 ok() { echo "mcs-images-check: ok: $*" >&2; }

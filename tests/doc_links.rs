@@ -193,7 +193,7 @@ fn headings_of_every_level_are_anchors() {
     assert_eq!(anchors(text), want);
 }
 
-/// The README's MCS spec table, as the committed conformance reports give it: every spec of
+/// docs/mcs.md's MCS spec table, as the committed conformance reports give it: every spec of
 /// each group with its result on two and on three clusters.
 fn mcs_spec_table(two: &serde_yaml::Value, three: &serde_yaml::Value) -> String {
     let result = |report: &serde_yaml::Value, group: &str, desc: &str| -> String {
@@ -234,7 +234,7 @@ fn mcs_spec_table(two: &serde_yaml::Value, three: &serde_yaml::Value) -> String 
 }
 
 #[test]
-fn the_readmes_mcs_spec_table_is_the_committed_reports() {
+fn the_mcs_spec_table_is_the_committed_reports() {
     let read = |phase: &str| -> serde_yaml::Value {
         let path = root().join(format!("docs/mcs-conformance/{phase}/report.yaml"));
         let text =
@@ -250,9 +250,39 @@ fn the_readmes_mcs_spec_table_is_the_committed_reports() {
         );
     }
     let table = mcs_spec_table(&two, &three);
+    let mcs = std::fs::read_to_string(root().join("docs/mcs.md")).expect("docs/mcs.md");
+    assert!(
+        mcs.contains(&table),
+        "docs/mcs.md's MCS spec table differs from docs/mcs-conformance/*/report.yaml; it should read:\n{table}"
+    );
+    // the README says it in one line, and links to the table
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
     assert!(
-        readme.contains(&table),
-        "README.md's MCS spec table differs from docs/mcs-conformance/*/report.yaml; it should read:\n{table}"
+        readme.contains("all 27 specs") && readme.contains("(docs/mcs.md#conformance)"),
+        "README.md names the 27 specs and links to docs/mcs.md#conformance"
     );
+}
+
+/// The README is read in two minutes: under 12 KB, with the install and the two commands
+/// (the demo and the full test command) on its first screen (its first 50 lines).
+#[test]
+fn the_readme_is_short_and_starts_with_install_and_the_two_commands() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    assert!(
+        readme.len() < 12 * 1024,
+        "README.md is {} bytes",
+        readme.len()
+    );
+    let first: String = readme.lines().take(50).collect::<Vec<_>>().join("\n");
+    for want in [
+        "helm install",
+        "remote-access",
+        "scripts/demo",
+        "scripts/test",
+    ] {
+        assert!(
+            first.contains(want),
+            "{want} is not on the README's first screen"
+        );
+    }
 }

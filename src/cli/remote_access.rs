@@ -110,17 +110,58 @@ pub const REMOTE_SECRET_LABEL: &str = "fair.com/cross-cluster-remote";
 /// The label (or annotation) naming the remote a Secret is for.
 pub const REMOTE_NAME_KEY: &str = "fair.com/cross-cluster-name";
 
+/// The label `remote-access` puts on every object it makes: how it recognises its own reader
+/// ClusterRole later, the only one it changes (never one the chart or anyone else made).
+pub const MADE_BY_KEY: &str = "app.kubernetes.io/managed-by";
+pub const MADE_BY: &str = "cross-cluster-controller-remote-access";
+
+/// Whether `remote-access` made this object (it carries [`MADE_BY`]).
+pub fn made_by_us(meta: &kube::api::ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MADE_BY_KEY))
+        .is_some_and(|v| v == MADE_BY)
+}
+
+/// The metadata of an object `remote-access` makes.
+fn ours(name: &str, namespace: Option<&str>) -> serde_json::Value {
+    let mut meta = json!({"name": name, "labels": {MADE_BY_KEY: MADE_BY}});
+    if let Some(ns) = namespace {
+        meta["namespace"] = json!(ns);
+    }
+    meta
+}
+
+/// `existing` brought up to `reader_rules(mcs)`: its rules as they are, plus each wanted rule
+/// of which it lacks some right. Nothing is taken away (a daemon may use what is there).
+pub fn brought_up(existing: &[PolicyRule], mcs: bool) -> Vec<PolicyRule> {
+    let wanted: Vec<PolicyRule> =
+        serde_json::from_value(reader_rules(mcs)).expect("reader_rules are PolicyRules");
+    let mut rules = existing.to_vec();
+    for w in wanted {
+        if !missing_rights_of(existing, std::slice::from_ref(&w)).is_empty() {
+            rules.push(w);
+        }
+    }
+    rules
+}
+
 /// Each `reader_rules(mcs)` permission that `existing` does not grant, as `verb resource[/name]`
 /// (RBAC semantics: a rule grants when its groups, resources and verbs include the asked one or
 /// `*`, and its resourceNames are empty or include the name).
 pub fn missing_rights(existing: &[PolicyRule], mcs: bool) -> Vec<String> {
     let wanted: Vec<PolicyRule> =
         serde_json::from_value(reader_rules(mcs)).expect("reader_rules are PolicyRules");
+    missing_rights_of(existing, &wanted)
+}
+
+/// Each permission of `wanted` that `existing` does not grant (see [`missing_rights`]).
+fn missing_rights_of(existing: &[PolicyRule], wanted: &[PolicyRule]) -> Vec<String> {
     let has = |list: &Option<Vec<String>>, item: &str| {
         list.iter().flatten().any(|x| x == item || x == "*")
     };
     let mut missing = Vec::new();
-    for w in &wanted {
+    for w in wanted {
         let names: Vec<Option<&String>> = match &w.resource_names {
             Some(n) if !n.is_empty() => n.iter().map(Some).collect(),
             _ => vec![None],
@@ -275,13 +316,12 @@ async fn renewal_role(client: &Client, namespace: &str, sa_name: &str) -> Result
     let name = format!("{sa_name}-token-renewal");
     create_if_missing(
         &Api::<Role>::namespaced(client.clone(), namespace),
-        json!({"metadata": {"name": name, "namespace": namespace},
-               "rules": renewal_rules(sa_name)}),
+        json!({"metadata": ours(&name, Some(namespace)), "rules": renewal_rules(sa_name)}),
     )
     .await?;
     create_if_missing(
         &Api::<RoleBinding>::namespaced(client.clone(), namespace),
-        json!({"metadata": {"name": name, "namespace": namespace},
+        json!({"metadata": ours(&name, Some(namespace)),
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": namespace}]}),
     )
@@ -372,31 +412,22 @@ async fn ensure_identity(client: &Client, args: &RemoteAccessArgs) -> Result<()>
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &args.namespace);
     let created = create_if_missing(
         &sas,
-        json!({"metadata": {"name": sa_name, "namespace": args.namespace}}),
+        json!({"metadata": ours(sa_name, Some(&args.namespace))}),
     )
     .await?;
     let role_name = format!("{sa_name}-{}", args.namespace);
     let roles = Api::<ClusterRole>::all(client.clone());
     let role_created = create_if_missing(
         &roles,
-        json!({"metadata": {"name": role_name}, "rules": reader_rules(args.mcs)}),
+        json!({"metadata": ours(&role_name, None), "rules": reader_rules(args.mcs)}),
     )
     .await?;
     if !role_created {
-        // one made by the chart or an older remote-access: it is left as it is, but one that
-        // lacks a right the daemon needs is named here rather than found later in its logs
-        let existing = roles.get(&role_name).await?;
-        let missing = missing_rights(existing.rules.as_deref().unwrap_or_default(), args.mcs);
-        if !missing.is_empty() {
-            eprintln!(
-                "warning: {}",
-                missing_warning(&role_name, &missing, args.mcs)
-            );
-        }
+        bring_up(&roles, &role_name, args.mcs).await?;
     }
     create_if_missing(
         &Api::<ClusterRoleBinding>::all(client.clone()),
-        json!({"metadata": {"name": role_name},
+        json!({"metadata": ours(&role_name, None),
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
                "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": args.namespace}]}),
     )
@@ -412,6 +443,32 @@ async fn ensure_identity(client: &Client, args: &RemoteAccessArgs) -> Result<()>
         } else {
             ""
         }
+    );
+    Ok(())
+}
+
+/// An existing reader ClusterRole that lacks a right the flags ask for: ours (an earlier
+/// `remote-access` made it) is brought up to them, with the resourceVersion it was read at (a
+/// change meanwhile fails the update); one made by the chart or anyone else is left as it is,
+/// and what it lacks is named here rather than found later in the daemon's logs.
+async fn bring_up(roles: &Api<ClusterRole>, name: &str, mcs: bool) -> Result<()> {
+    let mut existing = roles.get(name).await?;
+    let rules = existing.rules.clone().unwrap_or_default();
+    let missing = missing_rights(&rules, mcs);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !made_by_us(&existing.metadata) {
+        eprintln!("warning: {}", missing_warning(name, &missing, mcs));
+        return Ok(());
+    }
+    existing.rules = Some(brought_up(&rules, mcs));
+    roles
+        .replace(name, &PostParams::default(), &existing)
+        .await?;
+    eprintln!(
+        "updated ClusterRole {name} (made by an earlier remote-access): it now grants {}",
+        missing.join(", ")
     );
     Ok(())
 }
@@ -763,6 +820,42 @@ mod tests {
         }));
         assert!(missing_rights(&mcs, true).is_empty());
         assert!(missing_rights(&mcs, false).is_empty());
+    }
+
+    #[test]
+    fn a_role_is_brought_up_by_adding_what_it_lacks_and_taking_nothing_away() {
+        let plain = policy(reader_rules(false));
+        let up = brought_up(&plain, true);
+        assert!(missing_rights(&up, true).is_empty());
+        assert_eq!(
+            up[..plain.len()],
+            plain[..],
+            "what was there stays, in order"
+        );
+        assert_eq!(up[plain.len()..], policy(reader_rules(true))[plain.len()..]);
+        // already enough: unchanged; an extra rule of someone's is kept
+        assert_eq!(brought_up(&up, true), up);
+        assert_eq!(brought_up(&up, false), up);
+        let extra = policy(json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+        ]));
+        let up = brought_up(&extra, false);
+        assert_eq!(up[0], extra[0]);
+        assert!(missing_rights(&up, false).is_empty());
+    }
+
+    #[test]
+    fn only_what_remote_access_labelled_is_its_own() {
+        let meta = |labels: serde_json::Value| -> kube::api::ObjectMeta {
+            serde_json::from_value(json!({"name": "r", "labels": labels})).unwrap()
+        };
+        assert!(made_by_us(&meta(json!({MADE_BY_KEY: MADE_BY}))));
+        assert!(!made_by_us(&meta(json!({MADE_BY_KEY: "Helm"}))));
+        assert!(!made_by_us(&meta(json!({}))));
+        assert!(!made_by_us(&kube::api::ObjectMeta::default()));
+        let made: kube::api::ObjectMeta = serde_json::from_value(ours("r", Some("ns"))).unwrap();
+        assert!(made_by_us(&made));
+        assert_eq!(made.namespace.as_deref(), Some("ns"));
     }
 
     #[test]

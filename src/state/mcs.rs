@@ -64,6 +64,9 @@ pub struct McsCluster {
     /// the name it claims without a ClusterProperty
     pub fallback: String,
     pub property: RwLock<Property>,
+    /// a right its credentials lack (e.g. `list clusterproperties.about.k8s.io`): named on
+    /// /readyz and in the health Lease until it is granted
+    missing_right: RwLock<Option<String>>,
     /// the name it may go by (see [`McsLocal::settle`])
     grant: RwLock<Grant>,
     pub exports: RwLock<Cache<ServiceExport>>,
@@ -94,6 +97,7 @@ impl McsCluster {
             identity,
             fallback: fallback.to_string(),
             property: RwLock::new(Property::Unread),
+            missing_right: RwLock::default(),
             grant: RwLock::new(Grant::Pending),
             exports: RwLock::new(Cache::new(by_name::<ServiceExport>).lean(|_| 0)),
             namespaces: RwLock::default(),
@@ -131,6 +135,15 @@ impl McsCluster {
         let before = self.claimed();
         *self.property.write() = p;
         before != self.claimed()
+    }
+
+    /// Records a right its credentials lack (None: nothing known to be missing); true when
+    /// that changed.
+    pub fn set_missing_right(&self, right: Option<String>) -> bool {
+        let mut missing = self.missing_right.write();
+        let changed = *missing != right;
+        *missing = right;
+        changed
     }
 
     /// Records what it may go by; true when that changed. A name it no longer goes by is
@@ -206,6 +219,15 @@ impl McsCluster {
 
     /// None when healthy; otherwise why not, for /readyz.
     pub fn problem(&self) -> Option<String> {
+        let missing = self.missing_right.read().clone();
+        if let Some(right) = missing {
+            let exports = self.exports.read().problem("ServiceExports");
+            return Some(format!(
+                "missing right: {right} (the credentials lack what --mcs needs: run \
+                 `cross-cluster-controller remote-access --mcs` against that cluster again){}",
+                exports.map(|e| format!("; {e}")).unwrap_or_default()
+            ));
+        }
         if *self.property.read() == Property::Unread {
             return Some("its ClusterProperty cluster.clusterset.k8s.io not read yet".into());
         }

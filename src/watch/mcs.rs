@@ -122,7 +122,9 @@ fn watch_namespace(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>, n
 
 /// Follows the cluster's ClusterProperty `cluster.clusterset.k8s.io`: a change of the name it
 /// goes by queues every MCS key. No such object, no ClusterProperty API (404) or no right to
-/// read it (403) all mean "none": the cluster goes by its fallback name.
+/// read it (403) all mean "none": the cluster goes by its fallback name. A 403 is also a missing
+/// right, named on /readyz (and in `status`) until it is granted, logged once, and retried
+/// after a bounded back-off (1 s doubling to a minute), not at kube's pace.
 fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
     let api: Api<ClusterProperty> = Api::all(src.client.clone());
     let cfg = watcher::Config::default()
@@ -131,41 +133,88 @@ fn property(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>) {
     let (ctl, cluster) = (Arc::clone(ctl), Arc::clone(&src.cluster));
     let name = format!("{} ClusterProperty watch", cluster.label);
     sup.spawn_until(name, src.stop.clone(), async move {
-        let stream = watcher(api, cfg).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        let mut listed: Option<String> = None;
-        let mut failing = false;
-        while let Some(event) = stream.next().await {
-            if event.is_ok() {
-                failing = false;
+        let mut delay = FORBIDDEN_RETRY_MIN;
+        loop {
+            let stream = watcher(api.clone(), cfg.clone()).default_backoff();
+            let (answered, refused) = follow_property(&ctl, &cluster, stream).await;
+            if answered {
+                delay = FORBIDDEN_RETRY_MIN;
             }
-            let p = match event {
-                Ok(Event::Init) => {
-                    listed = None;
-                    continue;
-                }
-                Ok(Event::InitApply(cp)) => {
-                    listed = Some(cp.spec.value);
-                    continue;
-                }
-                Ok(Event::InitDone) => property_of(&cluster, listed.take()),
-                Ok(Event::Apply(cp)) => property_of(&cluster, Some(cp.spec.value)),
-                Ok(Event::Delete(_)) => Property::Absent,
-                Err(e) if absent(&e) => Property::Absent,
-                Err(e) => {
-                    if !failing {
-                        warn!(cluster = %cluster.label, error = %e, "ClusterProperty watch failed; retrying with back-off");
-                    }
-                    failing = true;
-                    continue;
-                }
-            };
-            if cluster.set_property(p) {
-                // a claim, granted or refused by who holds the name (`McsLocal::settle`)
-                ctl.settle_mcs_names().await;
+            let right = format!("list, watch clusterproperties.{}", mcs::ABOUT_GROUP);
+            if let Some(e) = refused
+                && cluster.set_missing_right(Some(right))
+            {
+                warn!(cluster = %cluster.label, error = %e, "no right to read ClusterProperties (403): named on /readyz until granted; retrying with back-off");
             }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(FORBIDDEN_RETRY_MAX);
         }
     });
+}
+
+/// The back-off of the ClusterProperty watch after a 403.
+const FORBIDDEN_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+const FORBIDDEN_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Follows one ClusterProperty watch until it is refused with 403: whether the server answered
+/// anything before, and the refusal (None: the watch ended).
+async fn follow_property<S>(
+    ctl: &Controller,
+    cluster: &McsCluster,
+    stream: S,
+) -> (bool, Option<String>)
+where
+    S: futures::Stream<Item = Result<Event<ClusterProperty>, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    let mut listed: Option<String> = None;
+    let mut failing = false;
+    let mut answered = false;
+    while let Some(event) = stream.next().await {
+        // `Init` comes before the listing is asked for: only what follows is an answer (kube's
+        // back-off, reset by any Ok event, is reset by it too: why a 403 used to come back
+        // several times a second)
+        if matches!(&event, Ok(e) if !matches!(e, Event::Init)) {
+            failing = false;
+            answered = true;
+            if cluster.set_missing_right(None) {
+                info!(cluster = %cluster.label, "ClusterProperties readable again");
+            }
+        }
+        let p = match event {
+            Ok(Event::Init) => {
+                listed = None;
+                continue;
+            }
+            Ok(Event::InitApply(cp)) => {
+                listed = Some(cp.spec.value);
+                continue;
+            }
+            Ok(Event::InitDone) => property_of(cluster, listed.take()),
+            Ok(Event::Apply(cp)) => property_of(cluster, Some(cp.spec.value)),
+            Ok(Event::Delete(_)) => Property::Absent,
+            Err(e) if status(&e) == Some(403) => {
+                if cluster.set_property(Property::Absent) {
+                    ctl.settle_mcs_names().await;
+                }
+                return (answered, Some(e.to_string()));
+            }
+            Err(e) if status(&e) == Some(404) => Property::Absent,
+            Err(e) => {
+                if !failing {
+                    warn!(cluster = %cluster.label, error = %e, "ClusterProperty watch failed; retrying with back-off");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        if cluster.set_property(p) {
+            // a claim, granted or refused by who holds the name (`McsLocal::settle`)
+            ctl.settle_mcs_names().await;
+        }
+    }
+    // the watcher never ends on its own; were it to, it is started again after the back-off
+    (answered, None)
 }
 
 fn property_of(cluster: &McsCluster, value: Option<String>) -> Property {
@@ -179,15 +228,18 @@ fn property_of(cluster: &McsCluster, value: Option<String>) -> Property {
     }
 }
 
-/// The ClusterProperty API is not served (404) or not readable (403) there.
-fn absent(e: &watcher::Error) -> bool {
+/// The API's status code of a failed watch or listing, if it answered one.
+fn status(e: &watcher::Error) -> Option<u16> {
     let api = match e {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
         | watcher::Error::WatchFailed(e) => e,
-        _ => return false,
+        _ => return None,
     };
-    matches!(api, kube::Error::Api(s) if s.code == 404 || s.code == 403)
+    match api {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
 }
 
 /// Starts the watches of our imports in the local cluster: ServiceImports, derived Services and
