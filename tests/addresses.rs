@@ -259,6 +259,8 @@ async fn an_mcs_export_listing_local_addresses_reaches_no_import_with_them() {
         args_for(&ns.name),
         &["--mcs", "--local-cluster-name", LOCAL],
     );
+    let before = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    let t0 = std::time::Instant::now();
     let d = Daemon::start(&args).await;
     support::mcs::import_listing(&client(LOCAL).await, &ns.name, "web", &[REMOTE]).await;
     eventually(
@@ -300,5 +302,19 @@ async fn an_mcs_export_listing_local_addresses_reaches_no_import_with_them() {
             .iter()
             .any(|ip| *ip == api || *ip == service_ip),
         "no local address in the import"
+    );
+    let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "88-contain-local-addresses-mcs",
+            scenario: "A remote's MCS export whose slice lists the local API server's address and an address of the local Service network, beside one of its own",
+            done: "a daemon with --mcs reading east",
+            converge: Some(t0.elapsed()),
+            note: format!(
+                "the import's slices held only {OWN}; LocalApiServer and LocalServiceNetwork counted; an AddressRefused Event on the ServiceImport the pass created"
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
     );
 }

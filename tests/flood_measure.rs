@@ -2,7 +2,8 @@
 //! docs/benchmarks.md, "A flooding remote"): a flooding remote (east: `XCC_FLOOD_N` Services, 1,000
 //! by default, with an annotation of `XCC_FLOOD_BYTES` random letters each, 100,000 by default) and an
 //! honest one (south: 100 Services), both read from Secrets, the daemon started with
-//! `XCC_FLOOD_ARGS` more; prints the time until south is mirrored, how east ended, the daemon's
+//! `XCC_FLOOD_ARGS` more; prints the time until south is mirrored, how east ended (waiting up to
+//! `XCC_FLOOD_SETTLE_S`, 1,200 s by default, for it to settle), the daemon's
 //! peak RSS and its RSS 10 s later. Run it in the bed:
 //! `bash testbed/bed exec cargo test --test flood_measure -- --nocapture`.
 mod support;
@@ -99,23 +100,35 @@ async fn measure_a_flood_beside_an_honest_remote() {
     })
     .await;
     let honest = start.elapsed().as_secs_f64();
-    // mirrored in full (within its budget) takes a write per follower: allow 20 a second
-    let settle = Duration::from_secs(300.max(n as u64 / 20));
-    let flooded = eventually("east settled", settle, || async {
-        let (_, body) = d.readyz()?;
+    eprintln!(
+        "south mirrored after {honest:.1} s; the daemon's peak RSS so far {:.1} MiB",
+        d.peak_mib()
+    );
+    // east mirrored in full (within its budget) takes a write per follower: measured for up to
+    // XCC_FLOOD_SETTLE_S (default 1,200) s, and reported as far as it got (a measurement, not a
+    // test: the figures are what it reached)
+    let settle = std::env::var("XCC_FLOOD_SETTLE_S").map_or(1200, |v| v.parse().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(settle);
+    let flooded = loop {
+        let (_, body) = d.readyz().unwrap_or_default();
         let east_line = body
             .lines()
             .find(|l| l.starts_with("remote east:"))
             .unwrap_or("")
             .to_string();
-        let c = count("flood-").await?;
-        if c == n || east_line.contains("over budget") || east_line.contains("larger than") {
-            Ok((c, east_line))
-        } else {
-            Err(format!("{c} {east_line}"))
+        let c = count("flood-").await.unwrap_or(0);
+        let settled =
+            c == n || east_line.contains("over budget") || east_line.contains("larger than");
+        if settled || Instant::now() > deadline {
+            let how = if settled {
+                "settled"
+            } else {
+                "not settled by the deadline"
+            };
+            break (c, format!("{how}: {east_line}"));
         }
-    })
-    .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     tokio::time::sleep(Duration::from_secs(10)).await;
     eprintln!(
         "RESULT n={n} annotation={size} honest_converged_s={honest:.1} east_followers={} east={:?} peak_mib={:.1} rss_10s_later_mib={:.1} total_s={:.1}",

@@ -440,6 +440,8 @@ async fn a_leader_with_reserved_labels_adds_no_address_to_another_imports_name()
         EAST,
     );
     args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let before = snapshot(&west, &[&ns.name]).await;
+    let t0 = std::time::Instant::now();
     let daemon = Daemon::start(&args).await;
     // the follower holds the remote's address (so the hostile slice did reach west)
     let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), &ns.name);
@@ -500,6 +502,20 @@ async fn a_leader_with_reserved_labels_adds_no_address_to_another_imports_name()
             2.0,
         )
         .await;
+    let after = snapshot(&client(WEST).await, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "87-contain-reserved-labels-dns",
+            scenario: "A remote leader labelled multicluster.kubernetes.io/service-name (and source-cluster) naming another import, west's own headless db: CoreDNS's multicluster plugin picks a headless import's slices by that label",
+            done: "a daemon with --mcs reading east; a west pod resolves db.<ns>.svc.clusterset.local",
+            converge: Some(t0.elapsed()),
+            note: format!(
+                "the follower held east's {HOSTILE}; the pod resolved db to {got:?} only (west's two addresses, none of east's); both labels counted as refused"
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
 }
 
 // ---- traffic under events (issue 20, §2 b, e, f, g) ----------------------------------------
