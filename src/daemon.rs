@@ -143,7 +143,7 @@ async fn check_mcs(local: &kube::Client, mcs: &crate::state::McsLocal) -> Result
     }
 }
 
-/// The remotes' own tasks: health Leases, the outage policy, token renewal, gauges.
+/// The remotes' own tasks: health Leases, the outage policy, token renewal; and their gauges.
 fn remote_tasks(
     sup: &Supervisor,
     ctl: &Arc<worker::Controller>,
@@ -167,7 +167,7 @@ fn remote_tasks(
         config.remotes.client.allow_exec.clone(),
     );
     sup.spawn_until_shutdown("remote token renewal", renewer.run());
-    gauges::spawn(sup, ctl);
+    gauges::publish(&ctl.ctx);
 }
 
 fn log_start(config: &Config, clients: &Clients, listener: &tokio::net::TcpListener) {

@@ -657,6 +657,32 @@ async fn a_real_prometheus_fires_remote_down_while_a_remote_is_down_and_resolves
         }
     })
     .await;
+    // the latency histograms: every write the API server accepted was timed (a refused one is
+    // timed too, never counted), and Prometheus scrapes them beside the passes' durations
+    let service_deletes = [("kind", "Service"), ("verb", "delete")];
+    let accepted = d.metric("xcc_writes_total", &service_deletes);
+    let timed = d.metric("xcc_write_duration_seconds_count", &service_deletes);
+    assert!(timed >= accepted, "{timed} timed, {accepted} accepted");
+    eventually(
+        "Prometheus to scrape the pass and write histograms",
+        WAIT,
+        || async {
+            let passes = prom.value(
+                "sum(xcc_reconcile_duration_seconds_count{mode=\"follower\",outcome=\"applied\"})",
+            )?;
+            let deletes = prom
+                .value("sum(xcc_write_duration_seconds_count{kind=\"Service\",verb=\"delete\"})")?;
+            let buckets = prom.value(
+                "count(xcc_write_duration_seconds_bucket{kind=\"Service\",verb=\"delete\"})",
+            )?;
+            (passes >= 1.0 && deletes >= 1.0 && buckets > 1.0)
+                .then_some(())
+                .ok_or(format!(
+                    "applied passes {passes}, Service deletes {deletes}, buckets {buckets}"
+                ))
+        },
+    )
+    .await;
 
     let timings = format!(
         "remote API server killed -> alert pending {:.1}s, firing {:.1}s (for: 10s); \

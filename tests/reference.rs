@@ -11,7 +11,10 @@ use cross_cluster_controller::desired::{
     self, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL,
 };
-use cross_cluster_controller::runtime::metrics::{ByRemote, ByRemoteTo, ByWatch, Metrics};
+use cross_cluster_controller::runtime::metrics::{
+    ByRemote, ByRemoteTo, ByWatch, Metrics, RemoteReading,
+};
+use cross_cluster_controller::runtime::series::REMOTE_GAUGES;
 
 const PAGE: &str = "docs/reference.md";
 
@@ -55,19 +58,25 @@ fn flags(cmd: &clap::Command) -> String {
 }
 
 /// A registry with one series in every family: the exposition leaves out a family without any,
-/// and some get theirs only at run time (gauges per remote, the lag histogram, watch requests,
-/// the outage policy, the credential expiry). The labels are the ones the daemon sets.
+/// and some get theirs only at run time (the gauges read from the set of remotes, the lag
+/// histogram, watch requests, the outage policy, the MCS passes). The labels are the ones the
+/// daemon sets.
 fn every_family() -> Metrics {
     let m = Metrics::new();
     m.init_remote("REMOTE");
+    m.init_mcs();
+    m.remote_gauges.read_with(|| {
+        vec![RemoteReading {
+            remote: "REMOTE".into(),
+            export_conflicts: vec![("port", 0)],
+            seconds_since_list: Some(0.0),
+            credential_expiry: Some(0),
+            stale: Some(false),
+            mcs_name_refused: Some(false),
+            ..RemoteReading::default()
+        }]
+    });
     let remote = ByRemote::new("REMOTE");
-    m.followers.get_or_create(&remote).set(0);
-    m.remote_up.get_or_create(&remote).set(0);
-    m.over_budget.get_or_create(&remote).set(0);
-    m.since_list.get_or_create(&remote).set(0.0);
-    m.credential_expiry.get_or_create(&remote).set(0);
-    m.remote_stale.get_or_create(&remote).set(0);
-    m.mcs_name_refused.get_or_create(&remote).set(0);
     m.lag.get_or_create(&remote).observe(0.0);
     let to = ByRemoteTo::new("REMOTE", "marked");
     m.remote_stale_transitions.get_or_create(&to).inc();
@@ -237,12 +246,13 @@ fn page() -> String {
 fn reference_page_matches_the_code() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PAGE);
     let want = page();
-    // every family registered in src/runtime/metrics.rs is on the page (one left empty above would not be)
+    // every family registered in src/runtime/metrics.rs is on the page (one left empty above would not be),
     let source = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime/metrics.rs"),
     )
     .expect("read src/runtime/metrics.rs");
-    let registered = source.matches("registry.register(").count();
+    // and the gauges read from the set of remotes when scraped (src/runtime/series.rs)
+    let registered = source.matches("registry.register(").count() + REMOTE_GAUGES.len();
     let listed = want
         .split("\n## Metrics")
         .nth(1)
@@ -252,8 +262,8 @@ fn reference_page_matches_the_code() {
         });
     assert_eq!(
         listed, registered,
-        "src/runtime/metrics.rs registers {registered} families, the reference lists {listed}: give every \
-         family a series in every_family()"
+        "src/runtime/metrics.rs and REMOTE_GAUGES name {registered} families, the reference lists \
+         {listed}: give every family a series in every_family()"
     );
     if std::env::var_os("XCC_WRITE_REFERENCE").is_some() {
         std::fs::write(&path, &want).expect("write docs/reference.md");

@@ -55,6 +55,41 @@ async fn decoy(west: &Api<Service>) {
     .unwrap();
 }
 
+/// Families in which a member remote has series (gauges read from the set of remotes, counters
+/// put at 0 when it joins, its watches' requests): checked before it leaves, so "none left" after
+/// cannot pass on a page that never had them.
+const REMOTE_FAMILIES: [&str; 6] = [
+    "xcc_remote_up",
+    "xcc_followers",
+    "xcc_export_conflicts",
+    "xcc_skipped_total",
+    "xcc_sweeps_total",
+    "xcc_watch_requests_total",
+];
+
+/// `remote` has series in every family of [`REMOTE_FAMILIES`].
+fn has_series(d: &Daemon, remote: &str) {
+    let series = d.series_of(remote);
+    for f in REMOTE_FAMILIES {
+        assert!(
+            series.iter().any(|l| l.starts_with(&format!("{f}{{"))),
+            "no {f} series of {remote} on /metrics: {series:#?}"
+        );
+    }
+}
+
+/// A remote that left has no series at all on /metrics (no gauge frozen at its last value, which
+/// would keep an alert firing, and no counter); `stays`, still a member, keeps its own.
+fn no_series_left(d: &Daemon, left: &str, stays: &str) {
+    let series = d.series_of(left);
+    assert!(
+        series.is_empty(),
+        "{} series of {left} left on /metrics after it left: {series:#?}",
+        series.len()
+    );
+    has_series(d, stays);
+}
+
 fn names(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -167,7 +202,9 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     let east_after = west.get("from-east").await.unwrap();
     assert_eq!(east_after.uid(), east_before.uid(), "not re-created");
 
-    // leave: south's Secret deleted; after the grace its follower goes, east's stays
+    // leave: south's Secret deleted; after the grace its follower goes, east's stays, and so
+    // do east's series alone
+    has_series(&d, SOUTH);
     secrets
         .delete("the-south-one", &DeleteParams::default())
         .await
@@ -180,6 +217,7 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
     let left = t0.elapsed();
     d.wait_metric("xcc_remote_changes_total", &[("change", "left")], 1.0)
         .await;
+    no_series_left(&d, SOUTH, "east");
     assert_eq!(
         west.get("from-east").await.unwrap().uid(),
         east_before.uid()
@@ -208,7 +246,7 @@ async fn a_remote_secret_joins_rotates_and_leaves_without_disturbing_the_others(
             scenario: "Remotes joined, rotated and left at run time through Secrets (three clusters)",
             done: "a daemon with no static remote; Secrets for east and south applied while it ran; east's kubeconfig replaced; south's Secret deleted (grace 2 s)",
             converge: Some(left),
-            note: "converged in: from south's Secret deleted to its follower gone, the 2 s grace included; both remotes joined without a restart; the rotation rewrote nothing (resourceVersion and write count unchanged) and a later change arrived; east's follower kept its uid; RemoteLeft Event".into(),
+            note: "converged in: from south's Secret deleted to its follower gone, the 2 s grace included; both remotes joined without a restart; the rotation rewrote nothing (resourceVersion and write count unchanged) and a later change arrived; east's follower kept its uid; RemoteLeft Event; no series of south left on /metrics, east's kept".into(),
         },
         &Lost::since(&before, &after, &names(&["from-east"])),
         &before.non_followers_touched(&after),
@@ -772,7 +810,9 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
         "not re-created"
     );
 
-    // south leaves: what only it exported goes; east's followers stay as they were
+    // south leaves: what only it exported goes; east's followers stay as they were; its
+    // export conflicts (1 above) leave /metrics with it, so no alert on them fires on
+    has_series(&d, SOUTH);
     let clash = west.get("clash").await.unwrap();
     secrets
         .delete("south", &DeleteParams::default())
@@ -783,6 +823,7 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
     let left = t1.elapsed();
     d.wait_metric("xcc_remote_changes_total", &[("change", "left")], 1.0)
         .await;
+    no_series_left(&d, SOUTH, "east");
     eventually("clash records east only", WAIT, || async {
         let c = present(&west, "clash").await?;
         let list = c
@@ -804,7 +845,7 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
             done: "east and south both export `both` (south adds a port), `clash` (same port name, another number), `kind-type` (south headless), `kind-ext` (east ExternalName, south ClusterIP with endpoints) and `kind-aff` (south ClientIP affinity), east's leaders older; south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
             converge: Some(merged_in),
             note: format!(
-                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; east's type, ExternalName (no endpoints) and affinity kept, kind=type 2 and kind=session_affinity 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid",
+                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; east's type, ExternalName (no endpoints) and affinity kept, kind=type 2 and kind=session_affinity 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid, no series of south left on /metrics (its export conflicts included)",
                 left.as_secs_f64()
             ),
         },

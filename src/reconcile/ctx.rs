@@ -40,6 +40,16 @@ pub enum Mode {
     Mcs,
 }
 
+impl Mode {
+    /// The `mode` label of the pass-duration histogram and of the pass's span.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Follower => "follower",
+            Mode::Mcs => "mcs",
+        }
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.mode {

@@ -19,7 +19,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use parking_lot::RwLock;
-use tracing::debug;
+use tracing::{Span, debug, field, instrument};
 
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
@@ -249,7 +249,9 @@ impl From<Error> for Stop {
     }
 }
 
-/// The pass of one MCS key.
+/// The pass of one MCS key, in a span carrying the key and the clusters that export it (`local`
+/// among them when the local cluster does).
+#[instrument(name = "reconcile", skip_all, fields(mode = "mcs", remote = field::Empty, namespace = %key.namespace, name = %key.name))]
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     let Some(mcs) = ctx.mcs.clone() else {
         return Ok(Outcome::Unchanged);
@@ -263,12 +265,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::NotReady);
     };
     let snap = snapshot(ctx, &mcs, &key.group())?;
+    let exporting: Vec<String> = snap
+        .exports()
+        .iter()
+        .map(|e| e.cluster.to_string())
+        .collect();
+    Span::current().record("remote", exporting.join(","));
     if ctx.opts.protected(&key.namespace) {
-        let exporting: Vec<String> = snap
-            .exports()
-            .iter()
-            .map(|e| e.cluster.to_string())
-            .collect();
         return Ok(ctx.refuse_protected(key, &exporting).await);
     }
     let mut wrote = Wrote::default();

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::{Span, field, info, instrument, warn};
 
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
@@ -142,6 +142,9 @@ fn service_ref(key: &Key) -> ObjectReference {
     }
 }
 
+/// One pass, in a span carrying the key and the remotes that export it (every log line of the
+/// pass carries them).
+#[instrument(name = "reconcile", skip_all, fields(mode = "follower", remote = field::Empty, namespace = %key.namespace, name = %key.name))]
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     // a cache that has not completed a listing proves nothing: no decision on it
     if !ctx.local.ready() {
@@ -151,6 +154,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::Unchanged);
     }
     let snap = ctx.snapshot(&key.group())?;
+    Span::current().record("remote", snap.exporting().join(","));
     if ctx.opts.protected(&key.namespace) {
         return Ok(ctx.refuse_protected(key, &snap.exporting()).await);
     }

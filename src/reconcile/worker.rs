@@ -20,7 +20,7 @@ use crate::desired::Outcome;
 use crate::desired::mcs::Grant;
 use crate::error::Error;
 use crate::runtime::lease::Leadership;
-use crate::runtime::metrics::{ByOutcome, ByRemote};
+use crate::runtime::metrics::{ByModeOutcome, ByOutcome, ByRemote};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::supervisor::panic_message;
 use crate::state::McsCluster;
@@ -106,8 +106,8 @@ impl Controller {
 
     /// Decides again which cluster goes by which MCS name (a claim changed, a remote joined or
     /// left, the remotes were all listed; see `desired::mcs::Holders`). Each change is logged;
-    /// a refusal is also counted (`xcc_mcs_name_refused`), shown on /readyz, and recorded as an
-    /// Event; any change queues every MCS key.
+    /// a refusal is also shown on /readyz and in `xcc_mcs_name_refused` (read from the grant
+    /// when scraped), and recorded as an Event; any change queues every MCS key.
     pub async fn settle_mcs_names(&self) {
         let Some(mcs) = &self.ctx.mcs else { return };
         let remotes: Vec<Arc<McsCluster>> = self
@@ -119,14 +119,6 @@ impl Controller {
             .collect();
         let named = self.ctx.remotes.named();
         let changed = mcs.settle(&remotes, named.as_ref());
-        for c in &remotes {
-            let refused = matches!(c.grant(), Grant::Refused { .. });
-            self.ctx
-                .metrics
-                .mcs_name_refused
-                .get_or_create(&ByRemote::new(&*c.label))
-                .set(i64::from(refused));
-        }
         for c in &changed {
             self.tell_grant(c).await;
         }
@@ -283,6 +275,20 @@ impl Controller {
         self.dropped.store(true, Ordering::SeqCst);
     }
 
+    /// A pass that ran: its duration, by mode and how it ended.
+    fn timed(&self, key: &Key, result: &Result<Outcome, Error>, started: Instant) {
+        let outcome = match result {
+            Ok(o) => o.label(),
+            Err(Error::NotLeader) => "not_leader",
+            Err(_) => "error",
+        };
+        self.ctx
+            .metrics
+            .reconcile_duration
+            .get_or_create(&ByModeOutcome::new(key.mode.label(), outcome))
+            .observe(started.elapsed().as_secs_f64());
+    }
+
     fn forget(&self, key: &Key) {
         self.retries.lock().remove(key);
     }
@@ -313,6 +319,7 @@ pub async fn run(ctl: Arc<Controller>) {
             continue;
         }
         let since = ctl.take_pending(&key);
+        let started = Instant::now();
         let pass = async {
             match key.mode {
                 Mode::Follower => reconcile(&ctl.ctx, &key).await,
@@ -325,6 +332,7 @@ pub async fn run(ctl: Arc<Controller>) {
                 ctl.ctx.metrics.panics.inc();
                 Err(Error::Panic(panic))
             });
+        ctl.timed(&key, &result, started);
         match result {
             // queued again by the next full pass; no lag to measure
             Ok(Outcome::NotReady) => ctl.drop_key(&key, "not_ready"),

@@ -11,11 +11,12 @@
 //! as [`Written::Skipped`]. Reads (`get`, `namespace_exists`) are sent in a dry run too.
 //!
 //! A new kind of write is one small method: name it with a [`Target`] and hand the request to
-//! [`Writer::write`], which gates, times, counts and logs it.
+//! [`Writer::write`], which gates, times (`xcc_write_duration_seconds`: every request sent,
+//! answered or not), counts (`xcc_writes_total`: the accepted ones) and logs it.
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
@@ -196,11 +197,15 @@ impl Writer {
         if !self.gate(&t)? {
             return Ok(None);
         }
-        let done = self.send(|| t.describe(), request).await??;
+        let labels = ByKindVerb::new(t.kind, t.verb);
+        let sent = Instant::now();
+        let answer = self.send(|| t.describe(), request).await;
         self.metrics
-            .writes
-            .get_or_create(&ByKindVerb::new(t.kind, t.verb))
-            .inc();
+            .write_duration
+            .get_or_create(&labels)
+            .observe(sent.elapsed().as_secs_f64());
+        let done = answer??;
+        self.metrics.writes.get_or_create(&labels).inc();
         let (kind, namespace, name, reason) = (t.kind, t.namespace, t.name, t.reason);
         if t.quiet {
             debug!(kind, namespace, name, reason, "{}", t.done);

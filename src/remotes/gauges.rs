@@ -1,49 +1,51 @@
-//! Per-remote gauges, refreshed every second: followers, export conflicts, health, time since
-//! the last complete listing, credential expiry, over budget.
-use std::sync::Arc;
-use std::time::Duration;
+//! Per-remote gauges, read at each scrape from the set of remotes: followers, export conflicts,
+//! health, over budget, time since the last complete listing, credential expiry, the outage
+//! policy's mark and a refused MCS name. A remote that left is not in the set, so it has none.
+use std::sync::{Arc, Weak};
 
 use crate::desired::ConflictKind;
-use crate::reconcile::worker::Controller;
-use crate::runtime::metrics::{ByRemote, ByRemoteKind};
-use crate::runtime::supervisor::Supervisor;
+use crate::desired::mcs::Grant;
+use crate::reconcile::ctx::Ctx;
+use crate::runtime::metrics::RemoteReading;
 
-/// Gauges: followers, remote health.
-pub fn spawn(sup: &Supervisor, ctl: &Arc<Controller>) {
-    let ctl = Arc::clone(ctl);
-    sup.spawn_until_shutdown("gauges", async move {
-        loop {
-            let m = &ctl.ctx.metrics;
-            let conflicts = ctl.ctx.conflict_counts();
-            for s in ctl.ctx.remotes.states() {
-                let remote = ByRemote::new(&s.name);
-                let n = s.exported_in_scope();
-                m.followers.get_or_create(&remote).set(n as i64);
-                for kind in ConflictKind::LABELS {
-                    let n = conflicts
-                        .get(&(s.name.to_string(), kind))
-                        .copied()
-                        .unwrap_or(0);
-                    m.export_conflicts
-                        .get_or_create(&ByRemoteKind::new(&s.name, kind))
-                        .set(n);
-                }
-                m.remote_up
-                    .get_or_create(&remote)
-                    .set(i64::from(s.problem().is_none()));
-                m.over_budget
-                    .get_or_create(&remote)
-                    .set(i64::from(s.over_budget()));
-                if let Some(secs) = s.seconds_since_list() {
-                    m.since_list.get_or_create(&remote).set(secs);
-                }
-                if let Some(exp) = s.credential.get().and_then(|c| c.expiry) {
-                    m.credential_expiry
-                        .get_or_create(&remote)
-                        .set(exp.as_second());
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+/// Hands the metrics a reader of the set of remotes (it holds the context weakly: the context
+/// owns the metrics).
+pub fn publish(ctx: &Arc<Ctx>) {
+    let weak = Arc::downgrade(ctx);
+    ctx.metrics.remote_gauges.read_with(move || read(&weak));
+}
+
+fn read(ctx: &Weak<Ctx>) -> Vec<RemoteReading> {
+    let Some(ctx) = ctx.upgrade() else {
+        return Vec::new();
+    };
+    let conflicts = ctx.conflict_counts();
+    let states = ctx.remotes.states();
+    states
+        .iter()
+        .map(|s| RemoteReading {
+            remote: s.name.to_string(),
+            followers: s.exported_in_scope() as i64,
+            export_conflicts: ConflictKind::LABELS
+                .into_iter()
+                .map(|kind| {
+                    let n = conflicts.get(&(s.name.to_string(), kind)).copied();
+                    (kind, n.unwrap_or(0))
+                })
+                .collect(),
+            up: s.problem().is_none(),
+            over_budget: s.over_budget(),
+            seconds_since_list: s.seconds_since_list(),
+            credential_expiry: s
+                .credential
+                .get()
+                .and_then(|c| c.expiry)
+                .map(|t| t.as_second()),
+            stale: s.stale_after.map(|_| s.is_marked()),
+            mcs_name_refused: s
+                .mcs
+                .as_ref()
+                .map(|c| matches!(c.grant(), Grant::Refused { .. })),
+        })
+        .collect()
 }

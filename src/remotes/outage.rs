@@ -16,7 +16,7 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use crate::reconcile::worker::Controller;
-use crate::runtime::metrics::{ByRemote, ByRemoteTo};
+use crate::runtime::metrics::ByRemoteTo;
 use crate::state::cache::GroupKey;
 
 /// What a step changed.
@@ -118,13 +118,10 @@ pub async fn run(ctl: Arc<Controller>) {
 
 async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) {
     let m = &ctl.ctx.metrics;
-    let (to, value) = match t {
-        Transition::Marked => ("marked", 1),
-        Transition::Restored => ("restored", 0),
+    let to = match t {
+        Transition::Marked => "marked",
+        Transition::Restored => "restored",
     };
-    m.remote_stale
-        .get_or_create(&ByRemote::new(remote))
-        .set(value);
     m.remote_stale_transitions
         .get_or_create(&ByRemoteTo::new(remote, to))
         .inc();

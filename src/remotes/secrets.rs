@@ -27,7 +27,7 @@ use super::{SecretSource, Settings};
 use crate::client::Clients;
 use crate::client::{self, Remote};
 use crate::reconcile::worker::Controller;
-use crate::runtime::metrics::{ByChange, ByRemote};
+use crate::runtime::metrics::ByChange;
 use crate::runtime::supervisor::Supervisor;
 use crate::state::{Member, Origin};
 use tokio::sync::Notify;
@@ -426,7 +426,7 @@ impl Source {
             return;
         }
         self.ids.remove(name);
-        self.forget_series(name);
+        self.ctl.ctx.metrics.forget_remote(name);
         self.changed("left");
         let keys = crate::reconcile::sweep::retire_keys(&self.ctl.ctx, name);
         info!(remote = %name, followers = keys.len(), "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
@@ -461,18 +461,6 @@ impl Source {
             .metrics
             .remote_secrets_refused
             .set(self.failing.len() as i64);
-    }
-
-    /// The gauges of a remote that left (counters stay: they only ever grow).
-    fn forget_series(&self, name: &str) {
-        let m = &self.ctl.ctx.metrics;
-        let l = ByRemote::new(name);
-        m.followers.remove(&l);
-        m.remote_up.remove(&l);
-        m.over_budget.remove(&l);
-        m.since_list.remove(&l);
-        m.credential_expiry.remove(&l);
-        m.mcs_name_refused.remove(&l);
     }
 }
 

@@ -8,75 +8,87 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::series::{Departed, RemoteLabel};
+pub use super::series::{PerRemote, RemoteGauges, RemoteReading};
+
+/// The registry. A family with a remote label is a [`PerRemote`] (counters, histograms: a
+/// departed remote's series go, see [`Metrics::forget_remote`]) or one of the gauges
+/// [`RemoteGauges`] reads from the set of remotes when scraped.
 pub struct Metrics {
     registry: Registry,
+    departed: Departed,
+    /// the gauges by remote, read at each scrape from what `read_with` is given
+    pub remote_gauges: RemoteGauges,
     pub reconciles: Family<ByOutcome, Counter>,
+    pub reconcile_duration: Family<ByModeOutcome, Histogram>,
     pub writes: Family<ByKindVerb, Counter>,
-    pub skipped: Family<ByRemoteReason, Counter>,
-    pub addresses_refused: Family<ByRemoteReason, Counter>,
-    pub conflicts: Family<ByRemoteKind, Counter>,
-    pub sweeps: Family<ByRemoteOutcome, Counter>,
+    pub write_duration: Family<ByKindVerb, Histogram>,
+    pub skipped: PerRemote<ByRemoteReason, Counter>,
+    pub addresses_refused: PerRemote<ByRemoteReason, Counter>,
+    pub conflicts: PerRemote<ByRemoteKind, Counter>,
+    pub sweeps: PerRemote<ByRemoteOutcome, Counter>,
     pub sweep_deletions: Counter,
-    pub followers: Family<ByRemote, Gauge>,
     pub leader: Gauge,
-    pub remote_up: Family<ByRemote, Gauge>,
-    pub over_budget: Family<ByRemote, Gauge>,
-    pub since_list: Family<ByRemote, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    pub lag: Family<ByRemote, Histogram>,
+    pub lag: PerRemote<ByRemote, Histogram>,
     pub events_suppressed: Counter,
-    pub watch_requests: Family<ByWatch, Counter>,
+    pub watch_requests: PerRemote<ByWatch, Counter>,
     pub panics: Counter,
-    pub export_conflicts: Family<ByRemoteKind, Gauge>,
-    pub remote_stale: Family<ByRemote, Gauge>,
-    pub remote_stale_transitions: Family<ByRemoteTo, Counter>,
+    pub remote_stale_transitions: PerRemote<ByRemoteTo, Counter>,
     pub remote_changes: Family<ByChange, Counter>,
     pub remote_secrets_refused: Gauge,
-    pub credential_expiry: Family<ByRemote, Gauge>,
-    pub credential_renewals: Family<ByRemoteOutcome, Counter>,
-    pub mcs_name_refused: Family<ByRemote, Gauge>,
-    pub labels_refused: Family<ByRemoteReason, Counter>,
-    pub taken_over: Family<ByRemote, Counter>,
+    pub credential_renewals: PerRemote<ByRemoteOutcome, Counter>,
+    pub labels_refused: PerRemote<ByRemoteReason, Counter>,
+    pub taken_over: PerRemote<ByRemote, Counter>,
+}
+
+/// 1 ms .. ~33 s
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("xcc");
+        let gone = Departed::default();
         let m = Metrics {
+            remote_gauges: RemoteGauges::default(),
             reconciles: Family::default(),
+            reconcile_duration: Family::new_with_constructor(seconds),
             writes: Family::default(),
-            skipped: Family::default(),
-            addresses_refused: Family::default(),
-            conflicts: Family::default(),
-            sweeps: Family::default(),
+            write_duration: Family::new_with_constructor(seconds),
+            skipped: PerRemote::new(&gone),
+            addresses_refused: PerRemote::new(&gone),
+            conflicts: PerRemote::new(&gone),
+            sweeps: PerRemote::new(&gone),
             sweep_deletions: Counter::default(),
-            followers: Family::default(),
             leader: Gauge::default(),
-            remote_up: Family::default(),
-            over_budget: Family::default(),
-            since_list: Family::default(),
-            // 1 ms .. ~33 s
-            lag: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.001, 2.0, 16))
-            }),
+            lag: PerRemote::with(&gone, seconds),
             events_suppressed: Counter::default(),
-            watch_requests: Family::default(),
+            watch_requests: PerRemote::new(&gone),
             panics: Counter::default(),
-            export_conflicts: Family::default(),
-            remote_stale: Family::default(),
-            remote_stale_transitions: Family::default(),
+            remote_stale_transitions: PerRemote::new(&gone),
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
-            credential_expiry: Family::default(),
-            mcs_name_refused: Family::default(),
-            credential_renewals: Family::default(),
-            labels_refused: Family::default(),
-            taken_over: Family::default(),
+            credential_renewals: PerRemote::new(&gone),
+            labels_refused: PerRemote::new(&gone),
+            taken_over: PerRemote::new(&gone),
+            departed: gone,
             registry: Registry::default(),
         };
         registry.register(
             "reconciles",
             "Reconcile passes (one per local follower key) by outcome",
             m.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Reconcile passes by mode (follower: the label mode; mcs: the Multi-Cluster Services API) and outcome, timed from the pass's start to its end",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "write_duration_seconds",
+            "Requests the writer sent to the local cluster by kind and verb, timed until answered (refused and unanswered ones too: a write left unanswered counts its deadline)",
+            m.write_duration.clone(),
         );
         registry.register(
             "writes",
@@ -109,29 +121,9 @@ impl Default for Metrics {
             m.sweep_deletions.clone(),
         );
         registry.register(
-            "followers",
-            "Leaders this remote exports (each mirrored into one local follower, merged with other remotes' exports of the same namespace/name)",
-            m.followers.clone(),
-        );
-        registry.register(
             "leader",
             "1 while this replica holds the Lease",
             m.leader.clone(),
-        );
-        registry.register(
-            "remote_up",
-            "1 while every watch of the remote is healthy",
-            m.remote_up.clone(),
-        );
-        registry.register(
-            "remote_over_budget",
-            "1 while the remote is over its budget (Services, endpoints or cached bytes): its caches are dropped, its followers kept, and it is read again after a back-off",
-            m.over_budget.clone(),
-        );
-        registry.register(
-            "remote_seconds_since_list",
-            "Seconds since the remote's watches last completed a full listing",
-            m.since_list.clone(),
         );
         registry.register(
             "propagation_lag_seconds",
@@ -154,19 +146,9 @@ impl Default for Metrics {
             m.panics.clone(),
         );
         registry.register(
-            "remote_stale",
-            "1 while the outage policy marks this remote's endpoints not ready (stale_after passed)",
-            m.remote_stale.clone(),
-        );
-        registry.register(
             "remote_stale_transitions",
             "Outage policy transitions by remote: marked (endpoints set not ready), restored",
             m.remote_stale_transitions.clone(),
-        );
-        registry.register(
-            "export_conflicts",
-            "Followers on which this remote's export loses a conflict with an older exported Service, by kind",
-            m.export_conflicts.clone(),
         );
         registry.register(
             "remote_changes",
@@ -179,19 +161,9 @@ impl Default for Metrics {
             m.remote_secrets_refused.clone(),
         );
         registry.register(
-            "remote_credential_expiry_timestamp_seconds",
-            "When the remote's credential expires (its token's exp, its client certificate's notAfter), Unix seconds; absent when unknown",
-            m.credential_expiry.clone(),
-        );
-        registry.register(
             "remote_credential_renewals",
             "Renewals of the remote's token by outcome (renewed, failed)",
             m.credential_renewals.clone(),
-        );
-        registry.register(
-            "mcs_name_refused",
-            "1 while the MCS cluster name this remote claims is refused because another cluster (or the local one) holds it; its exports wait",
-            m.mcs_name_refused.clone(),
         );
         registry.register(
             "labels_refused",
@@ -208,6 +180,7 @@ impl Default for Metrics {
             .get_or_create(&ByVersion::new(env!("CARGO_PKG_VERSION")))
             .set(1);
         registry.register("build_info", "Build information", build);
+        registry.register_collector(Box::new(m.remote_gauges.clone()));
         Metrics { registry, ..m }
     }
 }
@@ -230,30 +203,50 @@ impl Metrics {
         for change in ["joined", "rotated", "left", "refused"] {
             touch(&m.remote_changes, ByChange::new(change));
         }
+        let mut written: Vec<ByKindVerb> = Vec::new();
         for kind in KINDS {
             for verb in VERBS {
-                touch(&m.writes, ByKindVerb::new(kind, verb));
+                written.push(ByKindVerb::new(kind, verb));
             }
         }
         for kind in CREATED_ONLY {
-            touch(&m.writes, ByKindVerb::new(kind, "create"));
+            written.push(ByKindVerb::new(kind, "create"));
         }
         for kind in UPDATED_ONLY {
-            touch(&m.writes, ByKindVerb::new(kind, "update"));
+            written.push(ByKindVerb::new(kind, "update"));
         }
+        for l in written {
+            drop(m.write_duration.get_or_create(&l));
+            touch(&m.writes, l);
+        }
+        m.init_passes("follower");
         m
+    }
+
+    /// Puts at 0 the pass-duration series of a mode (`follower`, `mcs`): one per outcome a pass
+    /// that ran can end with.
+    fn init_passes(&self, mode: &str) {
+        for outcome in crate::desired::Outcome::LABELS {
+            drop(
+                self.reconcile_duration
+                    .get_or_create(&ByModeOutcome::new(mode, outcome)),
+            );
+        }
     }
 
     /// Puts at 0 the write series the Multi-Cluster Services API adds (`--mcs`): ServiceImports
     /// and their status, the local ServiceExports' status.
     pub fn init_mcs(&self) {
-        for verb in ["create", "update", "update_status", "delete"] {
-            touch(&self.writes, ByKindVerb::new("ServiceImport", verb));
+        let mut written: Vec<ByKindVerb> = ["create", "update", "update_status", "delete"]
+            .into_iter()
+            .map(|verb| ByKindVerb::new("ServiceImport", verb))
+            .collect();
+        written.push(ByKindVerb::new("ServiceExport", "update_status"));
+        for l in written {
+            drop(self.write_duration.get_or_create(&l));
+            touch(&self.writes, l);
         }
-        touch(
-            &self.writes,
-            ByKindVerb::new("ServiceExport", "update_status"),
-        );
+        self.init_passes("mcs");
     }
 
     /// Puts at 0 every counter series of a remote whose labels are known in advance, as
@@ -262,37 +255,49 @@ impl Metrics {
     pub fn init_remote(&self, remote: &str) {
         use crate::desired::Skip;
         use crate::desired::{NAMESPACE_MISSING, NAMESPACE_PROTECTED};
-        for kind in crate::desired::ConflictKind::LABELS {
-            drop(
-                self.export_conflicts
-                    .get_or_create(&ByRemoteKind::new(remote, kind)),
-            );
-        }
+        self.departed.remove(remote);
         for reason in Skip::REASONS
             .into_iter()
             .chain([NAMESPACE_MISSING, NAMESPACE_PROTECTED])
         {
-            touch(&self.skipped, ByRemoteReason::new(remote, reason));
+            touch_remote(&self.skipped, ByRemoteReason::new(remote, reason));
         }
         for reason in crate::desired::containment::LabelRefusal::LABELS {
-            touch(&self.labels_refused, ByRemoteReason::new(remote, reason));
+            touch_remote(&self.labels_refused, ByRemoteReason::new(remote, reason));
         }
-        touch(&self.taken_over, ByRemote::new(remote));
+        touch_remote(&self.taken_over, ByRemote::new(remote));
         for kind in KINDS {
-            touch(&self.conflicts, ByRemoteKind::new(remote, kind));
+            touch_remote(&self.conflicts, ByRemoteKind::new(remote, kind));
         }
         for reason in crate::desired::addresses::Refusal::REASONS {
-            touch(&self.addresses_refused, ByRemoteReason::new(remote, reason));
+            touch_remote(&self.addresses_refused, ByRemoteReason::new(remote, reason));
         }
         for outcome in ["renewed", "failed"] {
-            touch(
+            touch_remote(
                 &self.credential_renewals,
                 ByRemoteOutcome::new(remote, outcome),
             );
         }
         for outcome in ["done", "aborted"] {
-            touch(&self.sweeps, ByRemoteOutcome::new(remote, outcome));
+            touch_remote(&self.sweeps, ByRemoteOutcome::new(remote, outcome));
         }
+    }
+
+    /// A remote left: every series of it goes from the page, now and whatever a late increment
+    /// (a pass or a sweep under way) brings back, until a remote of that name joins again. Its
+    /// gauges need nothing: they are read from the set of remotes (see [`RemoteGauges`]).
+    pub fn forget_remote(&self, remote: &str) {
+        self.departed.insert(remote);
+        self.skipped.forget(remote);
+        self.addresses_refused.forget(remote);
+        self.conflicts.forget(remote);
+        self.sweeps.forget(remote);
+        self.lag.forget(remote);
+        self.watch_requests.forget(remote);
+        self.remote_stale_transitions.forget(remote);
+        self.credential_renewals.forget(remote);
+        self.labels_refused.forget(remote);
+        self.taken_over.forget(remote);
     }
 
     pub fn render(&self) -> String {
@@ -305,6 +310,14 @@ impl Metrics {
 
 /// Creates the series at 0 if it does not exist.
 fn touch<L: Clone + std::hash::Hash + Eq>(family: &Family<L, Counter>, l: L) {
+    drop(family.get_or_create(&l));
+}
+
+/// Creates a remote's series at 0 if it does not exist.
+fn touch_remote<L: Clone + std::hash::Hash + Eq + RemoteLabel>(
+    family: &PerRemote<L, Counter>,
+    l: L,
+) {
     drop(family.get_or_create(&l));
 }
 
@@ -335,6 +348,22 @@ label_set!(ByRemoteReason { remote, reason });
 label_set!(ByRemoteOutcome { remote, outcome });
 label_set!(ByRemoteTo { remote, to });
 label_set!(
+    /// A pass: its mode (`follower`, `mcs`) and how it ended.
+    ByModeOutcome { mode, outcome }
+);
+
+macro_rules! remote_label {
+    ($field:ident: $($name:ident),+) => {
+        $(impl RemoteLabel for $name {
+            fn remote(&self) -> &str {
+                &self.$field
+            }
+        })+
+    };
+}
+remote_label!(remote: ByRemote, ByRemoteKind, ByRemoteReason, ByRemoteOutcome, ByRemoteTo);
+remote_label!(cluster: ByWatch);
+label_set!(
     /// A watch's requests: which cluster, which kind, list or watch.
     ByWatch { cluster, kind, request }
 );
@@ -345,10 +374,21 @@ mod tests {
     use crate::desired::Outcome;
     use crate::desired::Skip;
 
+    /// One remote's gauges as the set of remotes would give them.
+    fn reading(remote: &str) -> RemoteReading {
+        RemoteReading {
+            remote: remote.into(),
+            export_conflicts: vec![("port", 0)],
+            stale: Some(false),
+            ..RemoteReading::default()
+        }
+    }
+
     #[test]
     fn every_counter_family_is_published_at_zero_before_its_first_increment() {
         let m = Metrics::new();
         m.init_remote("east");
+        m.remote_gauges.read_with(|| vec![reading("east")]);
         let text = m.render();
         for family in [
             "reconciles",
@@ -370,6 +410,86 @@ mod tests {
         assert!(text.contains("xcc_skipped_total{remote=\"east\",reason=\"NamespaceMissing\"} 0"));
         assert!(text.contains("xcc_reconciles_total{outcome=\"error\"} 0"));
         assert!(text.contains("xcc_export_conflicts{remote=\"east\",kind=\"port\"} 0"));
+    }
+
+    /// Every sample line of `remote`'s series on the page.
+    fn series_of(text: &str, remote: &str) -> Vec<String> {
+        let (r, c) = (
+            format!("remote=\"{remote}\""),
+            format!("cluster=\"{remote}\""),
+        );
+        text.lines()
+            .filter(|l| !l.starts_with('#') && (l.contains(&r) || l.contains(&c)))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_remote_that_left_has_no_series_left_even_after_a_late_increment() {
+        let m = Metrics::new();
+        let set = std::sync::Arc::new(parking_lot::RwLock::new(vec!["east", "south"]));
+        let read = std::sync::Arc::clone(&set);
+        m.remote_gauges
+            .read_with(move || read.read().iter().map(|r| reading(r)).collect());
+        for remote in ["east", "south"] {
+            m.init_remote(remote);
+            m.lag.get_or_create(&ByRemote::new(remote)).observe(0.1);
+            let to = ByRemoteTo::new(remote, "marked");
+            m.remote_stale_transitions.get_or_create(&to).inc();
+            let w = ByWatch::new(remote, "Service", "list");
+            m.watch_requests.get_or_create(&w).inc();
+        }
+        let page = m.render();
+        let (before, east) = (series_of(&page, "south"), series_of(&page, "east"));
+        assert!(before.iter().any(|l| l.starts_with("xcc_export_conflicts")));
+        assert!(before.iter().any(|l| l.starts_with("xcc_remote_stale{")));
+        assert!(before.iter().any(|l| l.starts_with("xcc_skipped_total")));
+        // south leaves the set of remotes, its series are forgotten; a pass under way counts once more
+        set.write().retain(|r| *r != "south");
+        m.forget_remote("south");
+        let late = ByRemoteReason::new("south", "NamespaceMissing");
+        m.skipped.get_or_create(&late).inc();
+        let text = m.render();
+        assert_eq!(series_of(&text, "south"), Vec::<String>::new(), "{text}");
+        let mut kept = series_of(&text, "east");
+        let mut had = east.clone();
+        kept.sort();
+        had.sort();
+        assert_eq!(kept, had, "east keeps every series");
+        // joined again: its series are back, from 0 for those forgotten
+        set.write().push("south");
+        m.init_remote("south");
+        let again = m.render();
+        assert!(again.contains("xcc_sweeps_total{remote=\"south\",outcome=\"done\"} 0"));
+        assert!(
+            again.contains("xcc_remote_up{remote=\"south\"} 0"),
+            "{again}"
+        );
+    }
+
+    #[test]
+    fn the_pass_and_write_histograms_are_published_before_their_first_sample() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("# TYPE xcc_reconcile_duration_seconds histogram"));
+        assert!(text.contains(
+            "xcc_reconcile_duration_seconds_count{mode=\"follower\",outcome=\"applied\"} 0"
+        ));
+        assert!(text.contains(
+            "xcc_write_duration_seconds_count{kind=\"EndpointSlice\",verb=\"update\"} 0"
+        ));
+        assert!(
+            !text.contains("mode=\"mcs\""),
+            "the MCS passes only with --mcs"
+        );
+        m.init_mcs();
+        let text = m.render();
+        assert!(
+            text.contains("xcc_reconcile_duration_seconds_count{mode=\"mcs\",outcome=\"error\"} 0")
+        );
+        assert!(text.contains(
+            "xcc_write_duration_seconds_count{kind=\"ServiceImport\",verb=\"update_status\"} 0"
+        ));
     }
 
     #[test]

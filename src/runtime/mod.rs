@@ -5,6 +5,7 @@ pub mod lease;
 pub mod metrics;
 pub mod queue;
 pub mod schedule;
+pub mod series;
 pub mod signals;
 pub mod supervisor;
 pub mod telemetry;

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::metrics::{FOLLOWER_KINDS, family_total, series_text, series_value, sum_of, writes_of};
+use super::metrics::{
+    FOLLOWER_KINDS, family_total, series_of_remote, series_text, series_value, sum_of, writes_of,
+};
 use super::{LOCAL, REMOTE, bed, eventually};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cross-cluster-controller");
@@ -219,6 +221,12 @@ impl Daemon {
             },
         )
         .await
+    }
+
+    /// Every series of the page that names `remote` (see [`series_of_remote`]); panics when
+    /// the scrape fails.
+    pub fn series_of(&self, remote: &str) -> Vec<String> {
+        series_of_remote(&self.metrics(), remote).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The value of the series `name{labels}`, None while the daemon does not publish it (for a

@@ -125,6 +125,27 @@ pub fn series_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Result<f
     }
 }
 
+/// Every series on the page that names `remote` (its `remote` label, or the `cluster` label of
+/// the watch requests), as `name{labels} value` lines: what must be gone once it left.
+pub fn series_of_remote(text: &str, remote: &str) -> Result<Vec<String>, String> {
+    Ok(samples(text)?
+        .iter()
+        .filter(|s| {
+            s.labels
+                .iter()
+                .any(|(k, v)| (k == "remote" || k == "cluster") && v == remote)
+        })
+        .map(|s| {
+            let l: Vec<(&str, &str)> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            format!("{} {}", series_text(&s.name, &l), s.value)
+        })
+        .collect())
+}
+
 /// The sum of every series of `name`, whatever its labels: only for "nothing at all happened"
 /// (every series counts, so a renamed label cannot hide one). The family must be published
 /// (`# TYPE`): an absent family is an error, not 0. prometheus-client names a counter's family
