@@ -571,7 +571,16 @@ async fn with_mcs_the_charts_identities_import_both_ways() {
         .await;
     }
     for d in &daemons {
-        assert!(!d.logs().contains("forbidden"), "{}", d.logs());
+        // no write refused for want of a right, and every listing done (a forbidden list or
+        // watch would keep a remote, or the MCS caches, from /readyz's 200)
+        let forbidden = support::metrics::series_sum(
+            &d.metrics(),
+            "xcc_write_errors_total",
+            &[("code", "403")],
+        );
+        assert_eq!(forbidden, 0.0, "{}", d.logs());
+        let (code, body) = d.readyz().expect("/readyz");
+        assert_eq!(code, 200, "{body}\n{}", d.logs());
     }
     drop(daemons);
     for ctx in [REMOTE, LOCAL] {

@@ -29,7 +29,7 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::runtime::lease::Leadership;
-use crate::runtime::metrics::{ByKindVerb, Metrics};
+use crate::runtime::metrics::{ByKindVerb, ByKindVerbCode, Metrics};
 
 pub const FIELD_MANAGER: &str = crate::desired::FIELD_MANAGER;
 
@@ -204,6 +204,18 @@ impl Writer {
             .write_duration
             .get_or_create(&labels)
             .observe(sent.elapsed().as_secs_f64());
+        let code = match &answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(kube::Error::Api(s))) => Some(s.code.to_string()),
+            Ok(Err(_)) => Some("other".to_string()),
+            Err(_) => Some("timeout".to_string()),
+        };
+        if let Some(code) = code {
+            self.metrics
+                .write_errors
+                .get_or_create(&ByKindVerbCode::new(t.kind, t.verb, code))
+                .inc();
+        }
         let done = answer??;
         self.metrics.writes.get_or_create(&labels).inc();
         let (kind, namespace, name, reason) = (t.kind, t.namespace, t.name, t.reason);

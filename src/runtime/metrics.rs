@@ -23,6 +23,7 @@ pub struct Metrics {
     pub reconcile_duration: Family<ByModeOutcome, Histogram>,
     pub writes: Family<ByKindVerb, Counter>,
     pub write_duration: Family<ByKindVerb, Histogram>,
+    pub write_errors: Family<ByKindVerbCode, Counter>,
     pub skipped: PerRemote<ByRemoteReason, Counter>,
     pub addresses_refused: PerRemote<ByRemoteReason, Counter>,
     pub conflicts: PerRemote<ByRemoteKind, Counter>,
@@ -56,6 +57,7 @@ impl Default for Metrics {
             reconcile_duration: Family::new_with_constructor(seconds),
             writes: Family::default(),
             write_duration: Family::new_with_constructor(seconds),
+            write_errors: Family::default(),
             skipped: PerRemote::new(&gone),
             addresses_refused: PerRemote::new(&gone),
             conflicts: PerRemote::new(&gone),
@@ -89,6 +91,11 @@ impl Default for Metrics {
             "write_duration_seconds",
             "Requests the writer sent to the local cluster by kind and verb, timed until answered (refused and unanswered ones too: a write left unanswered counts its deadline)",
             m.write_duration.clone(),
+        );
+        registry.register(
+            "write_errors",
+            "Writes the local cluster refused or left unanswered, by kind, verb and code (the HTTP status, e.g. 403 or 409; timeout; other)",
+            m.write_errors.clone(),
         );
         registry.register(
             "writes",
@@ -342,6 +349,7 @@ label_set!(ByVersion { version });
 label_set!(ByOutcome { outcome });
 label_set!(ByChange { change });
 label_set!(ByKindVerb { kind, verb });
+label_set!(ByKindVerbCode { kind, verb, code });
 label_set!(ByRemote { remote });
 label_set!(ByRemoteKind { remote, kind });
 label_set!(ByRemoteReason { remote, reason });

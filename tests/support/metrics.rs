@@ -170,6 +170,23 @@ pub fn family_total(text: &str, name: &str) -> Result<f64, String> {
         .sum())
 }
 
+/// The sum of every series of `name` whose labels include each of `having` (the family must be
+/// published: an absent family panics, it is not 0).
+pub fn series_sum(text: &str, name: &str, having: &[(&str, &str)]) -> f64 {
+    family_total(text, name).unwrap_or_else(|e| panic!("{e}"));
+    samples(text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            having
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
 /// The sum of the series `name` with each of the label sets, every one of which must be on the
 /// page (a sum over an explicit list, never over whatever matches).
 pub fn sum_of(text: &str, name: &str, label_sets: &[Vec<(&str, &str)>]) -> Result<f64, String> {
