@@ -289,18 +289,18 @@ impl Controller {
 }
 
 /// Runs one pass for a key and releases the key whatever happens: a panic inside the pass is
-/// caught and returned as its message.
+/// caught and returned as [`Error::Panic`] with its message.
 pub async fn process<K, T>(
     queue: &WorkQueue<K>,
     key: &K,
     pass: impl Future<Output = T>,
-) -> Result<T, String>
+) -> Result<T, Error>
 where
     K: Clone + Eq + std::hash::Hash + Send + 'static,
 {
     let outcome = AssertUnwindSafe(pass).catch_unwind().await;
     queue.done(key);
-    outcome.map_err(|p| panic_message(p.as_ref()))
+    outcome.map_err(|p| Error::Panic(panic_message(p.as_ref())))
 }
 
 /// One worker: runs until the queue is closed and drained.
@@ -323,7 +323,7 @@ pub async fn run(ctl: Arc<Controller>) {
             .await
             .unwrap_or_else(|panic| {
                 ctl.ctx.metrics.panics.inc();
-                Err(Error::Panic(panic))
+                Err(panic)
             });
         match result {
             // queued again by the next full pass; no lag to measure
@@ -354,7 +354,10 @@ mod tests {
         q.add("a");
         let key = q.next().await.expect("queued");
         let got = process(&q, &key, async { panic!("bad object") }).await;
-        assert_eq!(got, Err::<(), _>("bad object".to_string()));
+        assert!(
+            matches!(&got, Err(Error::Panic(m)) if m == "bad object"),
+            "{got:?}"
+        );
         // a key still marked in progress would only be marked dirty here, never handed out
         q.add("a");
         let again = tokio::time::timeout(Duration::from_secs(1), q.next()).await;
@@ -439,7 +442,7 @@ mod tests {
         let q = WorkQueue::new();
         q.add(1);
         let key = q.next().await.expect("queued");
-        assert_eq!(process(&q, &key, async { 7 }).await, Ok(7));
+        assert!(matches!(process(&q, &key, async { 7 }).await, Ok(7)));
         q.add(1);
         assert_eq!(q.len(), 1);
     }

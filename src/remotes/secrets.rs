@@ -35,6 +35,38 @@ use tokio::sync::Notify;
 /// How often Secrets that could not be used (an unreachable server, say) are tried again.
 const RETRY: Duration = Duration::from_secs(10);
 
+/// Why a Secret's remote does not join: logged, shown on /readyz, recorded as an Event on the
+/// Secret and counted; a remote that was running keeps running.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The Secret describes no remote (see `read_secret`: its name, kubeconfig or annotations).
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("remote {name:?} is already named by Secret {secret}")]
+    NamedElsewhere { name: String, secret: String },
+    #[error("remote {name:?} is already the static remote (--kubeconfig/--remote-context)")]
+    Static { name: String },
+    /// No client could be built from its kubeconfig (or the kubeconfig policy refused it).
+    #[error("{source}")]
+    Client { source: crate::error::Error },
+    #[error("its server {at} is the local cluster's")]
+    LocalServer { at: String },
+    #[error(transparent)]
+    ClusterId(#[from] client::ClusterIdError),
+    #[error("it reaches the local cluster (cluster id {id})")]
+    LocalCluster { id: String },
+    #[error("it reaches cluster {id}, already read as remote {other:?}")]
+    AlreadyRead { id: String, other: String },
+    #[error(
+        "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret"
+    )]
+    Held {
+        name: String,
+        id: String,
+        was: String,
+    },
+}
+
 /// The local cluster, as the Secret source needs it: a remote must be another cluster.
 pub struct LocalCluster {
     pub client: Client,
@@ -206,9 +238,9 @@ impl Source {
     }
 
     /// Joins, rotates or leaves alone the remote a Secret names.
-    async fn evaluate(&mut self, s: &Secret) -> Result<(), String> {
+    async fn evaluate(&mut self, s: &Secret) -> Result<(), Refused> {
         let secret = s.name_any();
-        let c = read_secret(s)?;
+        let c = read_secret(s).map_err(Refused::Unreadable)?;
         let existing = self.ctl.ctx.remotes.get(&c.name);
         if self.unchanged(&secret, &c, existing.as_deref())? {
             return Ok(());
@@ -255,7 +287,7 @@ impl Source {
         secret: &str,
         c: &Candidate,
         existing: Option<&Member>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, Refused> {
         let Some(m) = existing else {
             return Ok(false);
         };
@@ -267,49 +299,50 @@ impl Source {
                 }
                 Ok(same)
             }
-            Origin::Secret { name, .. } if self.secrets.contains_key(name) => Err(format!(
-                "remote {:?} is already named by Secret {name}",
-                c.name
-            )),
+            Origin::Secret { name, .. } if self.secrets.contains_key(name) => {
+                Err(Refused::NamedElsewhere {
+                    name: c.name.clone(),
+                    secret: name.clone(),
+                })
+            }
             Origin::Secret { .. } => Ok(false), // its Secret is gone: this one takes over
-            Origin::Static => Err(format!(
-                "remote {:?} is already the static remote (--kubeconfig/--remote-context)",
-                c.name
-            )),
+            Origin::Static => Err(Refused::Static {
+                name: c.name.clone(),
+            }),
         }
     }
 
     /// A client of the Secret's cluster and that cluster's id, once it is proven to be neither
     /// the local cluster nor one already read under another name.
-    async fn reach(&self, c: &Candidate) -> Result<(Client, String), String> {
+    async fn reach(&self, c: &Candidate) -> Result<(Client, String), Refused> {
         let (client, at) = client::secret_remote(c.kubeconfig.clone(), &self.settings.client)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| Refused::Client { source })?;
         if at == self.local_authority {
-            return Err(format!("its server {at} is the local cluster's"));
+            return Err(Refused::LocalServer { at });
         }
         // bounded below the API timeout: a Secret whose server hangs must not hold the others long
         let wait = self.settings.api_timeout.min(Duration::from_secs(10));
         let id = client::cluster_id(&client, wait).await?;
         if self.local_id.as_deref() == Some(id.as_str()) {
-            return Err(format!("it reaches the local cluster (cluster id {id})"));
+            return Err(Refused::LocalCluster { id });
         }
         let members = self.ctl.ctx.remotes.members();
         let other = members
             .iter()
             .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()));
         if let Some(other) = other {
-            return Err(format!(
-                "it reaches cluster {id}, already read as remote {:?}",
-                other.name()
-            ));
+            return Err(Refused::AlreadyRead {
+                id,
+                other: other.name().to_string(),
+            });
         }
         Ok((client, id))
     }
 
     /// A remote stays the cluster it was (by its id, remembered or recorded on its followers):
     /// a Secret that now reaches another cluster is held.
-    fn same_cluster(&mut self, name: &str, id: &str) -> Result<(), String> {
+    fn same_cluster(&mut self, name: &str, id: &str) -> Result<(), Refused> {
         if !self.ids.contains_key(name) {
             // a restarted daemon: what the followers record, read once per name
             let recorded = self.recorded_ids(name);
@@ -318,9 +351,11 @@ impl Source {
             }
         }
         match self.ids.get(name) {
-            Some(was) if was != id => Err(format!(
-                "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret"
-            )),
+            Some(was) if was != id => Err(Refused::Held {
+                name: name.to_string(),
+                id: id.to_string(),
+                was: was.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -356,7 +391,7 @@ impl Source {
     }
 
     /// A Secret that cannot be used: reported; a remote it named keeps running as it was.
-    async fn refused(&self, s: &Secret, why: String, first: bool) {
+    async fn refused(&self, s: &Secret, why: Refused, first: bool) {
         let source = self.source(&s.name_any());
         if first {
             warn!(secret = %source, "not a usable remote: {why}");
@@ -372,7 +407,7 @@ impl Source {
             .event(
                 EventType::Warning,
                 "RemoteRefused",
-                why,
+                why.to_string(),
                 "Join",
                 Some(reference),
             )

@@ -269,7 +269,8 @@ impl Metrics {
             );
         }
         for reason in Skip::REASONS
-            .into_iter()
+            .iter()
+            .copied()
             .chain([NAMESPACE_MISSING, NAMESPACE_PROTECTED])
         {
             touch(&self.skipped, ByRemoteReason::new(remote, reason));
@@ -281,7 +282,7 @@ impl Metrics {
         for kind in KINDS {
             touch(&self.conflicts, ByRemoteKind::new(remote, kind));
         }
-        for reason in crate::desired::addresses::Refusal::REASONS {
+        for &reason in crate::desired::addresses::Refusal::REASONS {
             touch(&self.addresses_refused, ByRemoteReason::new(remote, reason));
         }
         for outcome in ["renewed", "failed"] {
