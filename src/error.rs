@@ -46,6 +46,15 @@ pub enum Error {
     Panic(String),
 }
 
+/// How a write's namespace is gone (see [`Error::namespace_gone`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceGone {
+    /// It does not exist.
+    Missing,
+    /// It is being deleted: it refuses every create until it is gone.
+    Terminating,
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
@@ -54,6 +63,22 @@ impl Error {
         match self {
             Error::Kube(e) => kube_category(e),
             other => other.into(),
+        }
+    }
+
+    /// Whether a write was refused because its namespace is gone: it does not exist (404 on a
+    /// create) or is being deleted (403 "... because it is being terminated"). The one rule of
+    /// both passes (the label follower's and the MCS import's): a namespace going away is not
+    /// an error to retry.
+    pub fn namespace_gone(&self) -> Option<NamespaceGone> {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 404 => Some(NamespaceGone::Missing),
+            Error::Kube(kube::Error::Api(s))
+                if s.code == 403 && s.message.contains("being terminated") =>
+            {
+                Some(NamespaceGone::Terminating)
+            }
+            _ => None,
         }
     }
 
