@@ -111,8 +111,7 @@ impl Source {
             id: local_id,
         } = local;
         let ids = ctl
-            .ctx
-            .remotes
+            .remotes()
             .members()
             .iter()
             .filter_map(|m| Some((m.name().to_string(), m.cluster_id.clone()?)))
@@ -147,7 +146,7 @@ impl Source {
         let mut stream = std::pin::pin!(stream);
         // not ready until the Secrets have been listed once: remotes may still be missing
         let listing_source = format!("remote Secrets in {}", self.from.namespace);
-        let registry = std::sync::Arc::clone(&self.ctl.ctx.remotes);
+        let registry = std::sync::Arc::clone(self.ctl.remotes());
         registry.set_problem(&listing_source, "not listed yet".into());
         let mut listed_once = false;
         let mut tick = tokio::time::interval(RETRY.min(self.grace()).max(Duration::from_secs(1)));
@@ -226,7 +225,7 @@ impl Source {
             Ok(()) => {
                 self.failing.remove(&name);
                 self.count_refused();
-                self.ctl.ctx.remotes.clear_problem(&self.source(&name));
+                self.ctl.remotes().clear_problem(&self.source(&name));
             }
             Err(why) => {
                 let first = self.failing.insert(name.clone());
@@ -241,7 +240,7 @@ impl Source {
     async fn evaluate(&mut self, s: &Secret) -> Result<(), Refused> {
         let secret = s.name_any();
         let c = read_secret(s).map_err(Refused::Unreadable)?;
-        let existing = self.ctl.ctx.remotes.get(&c.name);
+        let existing = self.ctl.remotes().get(&c.name);
         if self.unchanged(&secret, &c, existing.as_deref())? {
             return Ok(());
         }
@@ -327,7 +326,7 @@ impl Source {
         if self.local_id.as_deref() == Some(id.as_str()) {
             return Err(Refused::LocalCluster { id });
         }
-        let members = self.ctl.ctx.remotes.members();
+        let members = self.ctl.remotes().members();
         let other = members
             .iter()
             .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()));
@@ -374,14 +373,14 @@ impl Source {
                 .flatten()
         };
         let mut ids: BTreeSet<String> = {
-            let services = self.ctl.ctx.local.services.read();
+            let services = self.ctl.local().services.read();
             services
                 .keys()
                 .filter_map(|k| services.named(k).ok().flatten())
                 .filter_map(|s| of(s.annotations()))
                 .collect()
         };
-        let slices = self.ctl.ctx.local.slices.read();
+        let slices = self.ctl.local().slices.read();
         for k in slices.keys() {
             for s in slices.group(k).unwrap_or_default() {
                 ids.extend(of(s.annotations()));
@@ -398,12 +397,10 @@ impl Source {
             self.changed("refused");
         }
         self.ctl
-            .ctx
-            .remotes
+            .remotes()
             .set_problem(&source, format!("not a remote: {why}"));
         let reference = s.object_ref(&());
         self.ctl
-            .ctx
             .event(
                 EventType::Warning,
                 "RemoteRefused",
@@ -418,9 +415,9 @@ impl Source {
     fn deleted(&mut self, secret: &str) {
         self.secrets.remove(secret);
         self.failing.remove(secret);
-        self.ctl.ctx.remotes.clear_problem(&self.source(secret));
+        self.ctl.remotes().clear_problem(&self.source(secret));
         self.count_refused();
-        for m in self.ctl.ctx.remotes.members() {
+        for m in self.ctl.remotes().members() {
             if matches!(&m.origin, Origin::Secret { name, .. } if name == secret) {
                 let at = Instant::now() + self.grace();
                 info!(
@@ -457,25 +454,21 @@ impl Source {
     /// remote retired (a standby drops them; its next leadership gain passes every follower).
     fn leave(&mut self, name: &str) {
         self.leaving.remove(name);
-        if self.ctl.ctx.remotes.retire(name).is_none() {
+        if self.ctl.remotes().retire(name).is_none() {
             return;
         }
         self.ids.remove(name);
         self.forget_series(name);
         self.changed("left");
-        let keys = crate::reconcile::sweep::retire_keys(&self.ctl.ctx, name);
-        info!(remote = %name, followers = keys.len(), "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
+        let followers = self.ctl.remote_left(name);
+        info!(remote = %name, followers, "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
         let note = format!(
-            "remote {name} left (its Secret was deleted): {} followers record it; what only it exported is deleted, merged followers lose its slices",
-            keys.len()
+            "remote {name} left (its Secret was deleted): {followers} followers record it; what only it exported is deleted, merged followers lose its slices"
         );
-        self.ctl.enqueue(keys);
-        // and every MCS import: what it had from this remote goes with its retired name
-        self.ctl.enqueue_imports();
         if self.ctl.leader.is_leader() {
-            let ctx = Arc::clone(&self.ctl.ctx);
+            let ctl = Arc::clone(&self.ctl);
             tokio::spawn(async move {
-                ctx.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
+                ctl.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
                     .await;
             });
         }
@@ -483,8 +476,7 @@ impl Source {
 
     fn changed(&self, change: &str) {
         self.ctl
-            .ctx
-            .metrics
+            .metrics()
             .remote_changes
             .get_or_create(&ByChange::new(change))
             .inc();
@@ -492,15 +484,14 @@ impl Source {
 
     fn count_refused(&self) {
         self.ctl
-            .ctx
-            .metrics
+            .metrics()
             .remote_secrets_refused
             .set(self.failing.len() as i64);
     }
 
     /// The gauges of a remote that left (counters stay: they only ever grow).
     fn forget_series(&self, name: &str) {
-        let m = &self.ctl.ctx.metrics;
+        let m = self.ctl.metrics();
         let l = ByRemote::new(name);
         m.followers.remove(&l);
         m.remote_up.remove(&l);
@@ -520,7 +511,7 @@ pub async fn spawn(
     settings: (&Settings, &SecretSource),
 ) {
     let (settings, from) = settings;
-    ctl.ctx.remotes.set_complete(false);
+    ctl.remotes().set_complete(false);
     // the local cluster's id, so a Secret reaching the local cluster under another address is
     // refused too (without it, only the same address is)
     let local_id = client::cluster_id(&clients.local, settings.api_timeout)
