@@ -54,7 +54,7 @@ pub async fn run(config: Config) -> Result<()> {
     let timeout = config.remotes.watch_timeout();
 
     if let Some(mcs) = &ctx.mcs {
-        check_mcs(local, mcs).await?;
+        crate::watch::mcs::preflight(local, mcs).await?;
         metrics.init_mcs();
         let source = crate::watch::mcs::Source {
             cluster: std::sync::Arc::clone(&mcs.source),
@@ -104,42 +104,6 @@ pub async fn run(config: Config) -> Result<()> {
             info!("stopped");
             Ok(())
         }
-    }
-}
-
-/// With `--mcs`: the local cluster serves the MCS API (its CRDs are installed) and has a name
-/// (a ClusterProperty `cluster.clusterset.k8s.io` or `--local-cluster-name`).
-async fn check_mcs(local: &kube::Client, mcs: &crate::state::McsLocal) -> Result<()> {
-    use crate::desired::mcs::{CLUSTER_ID_PROPERTY, ClusterProperty, ServiceExport, ServiceImport};
-    let lp = kube::api::ListParams::default().limit(1);
-    let served = |kind: &str, e: kube::Error| {
-        Error::Config(format!(
-            "--mcs: the local cluster does not serve {kind} (multicluster.x-k8s.io/v1beta1): {e}; install the MCS API's CRDs (the chart's mcs.enabled=true does)"
-        ))
-    };
-    kube::Api::<ServiceExport>::all(local.clone())
-        .list_metadata(&lp)
-        .await
-        .map_err(|e| served("ServiceExports", e))?;
-    kube::Api::<ServiceImport>::all(local.clone())
-        .list_metadata(&lp)
-        .await
-        .map_err(|e| served("ServiceImports", e))?;
-    if !mcs.source.fallback.is_empty() {
-        return Ok(());
-    }
-    // read as the watch reads it (list with a field selector: the RBAC grants list and watch)
-    let lp =
-        kube::api::ListParams::default().fields(&format!("metadata.name={CLUSTER_ID_PROPERTY}"));
-    let property = kube::Api::<ClusterProperty>::all(local.clone())
-        .list(&lp)
-        .await
-        .map(|l| l.items.into_iter().next());
-    match property {
-        Ok(Some(p)) if crate::desired::mcs::is_cluster_name(&p.spec.value) => Ok(()),
-        _ => Err(Error::Config(
-            "--mcs needs this cluster's name: a ClusterProperty cluster.clusterset.k8s.io (about.k8s.io/v1alpha1) with a valid value, or --local-cluster-name".into(),
-        )),
     }
 }
 

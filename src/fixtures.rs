@@ -229,6 +229,21 @@ pub fn status(code: u16, reason: &str) -> Reply {
     )
 }
 
+/// 403 as the API server refuses a create in a namespace being deleted (the admission
+/// plugin NamespaceLifecycle's own words).
+pub fn terminating(namespace: &str) -> Reply {
+    Reply::Json(
+        StatusCode::FORBIDDEN,
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("unable to create new content in namespace {namespace} because it is being terminated"),
+            "reason": "Forbidden", "code": 403,
+            "details": {"causes": [{"reason": "NamespaceTerminating",
+                                    "message": format!("namespace {namespace} is being terminated")}]},
+        }),
+    )
+}
+
 /// A `metav1.PartialObjectMetadataList` page (what `list_metadata` reads) holding these
 /// objects' metadata, with a `continue` token when more pages follow.
 pub fn metadata_page(objects: &[Value], continue_token: Option<&str>) -> Reply {

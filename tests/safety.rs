@@ -304,6 +304,21 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
             "same API server",
         ),
         (
+            // a remote may not take the local cluster's name
+            vec![
+                "--devmode",
+                "--local-context",
+                LOCAL,
+                "--kubeconfig",
+                &kc,
+                "--remote-context",
+                REMOTE,
+                "--cluster-name",
+                "local",
+            ],
+            "is the local cluster's",
+        ),
+        (
             vec!["--kubeconfig", &kc, "--remote-context", REMOTE],
             "in-cluster",
         ),
@@ -330,7 +345,7 @@ async fn bad_input_stops_the_daemon_at_start_with_one_readable_line() {
 Report {
         id: "63-bad-flags-and-kubeconfigs",
         scenario: "Bad flags, malformed or missing kubeconfig, missing context, local = remote",
-        done: "11 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, no remote at all (no static remote, Secret remotes off), unparsable and missing kubeconfig, unknown context, same API server twice, no in-cluster config",
+        done: "12 bad invocations: --workers 0, unknown --endpoints-mode, bad cron, invalid and too long --label-key, no remote at all (no static remote, Secret remotes off), unparsable and missing kubeconfig, unknown context, same API server twice, a remote named local, no in-cluster config",
         converge: None,
         note: "each stops at start with a non-zero exit and one line starting with `error`, naming the flag, file or context".into(),
 },

@@ -391,19 +391,55 @@ pub fn table(r: &Report, now: Timestamp) -> String {
     out
 }
 
-async fn client(args: &StatusArgs) -> Result<Client, String> {
+/// Why `status` could not read the local cluster (printed as `error: ...`, exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// `--label-key` is not a label key.
+    #[error("{0}")]
+    LabelKey(String),
+    #[error("{source}")]
+    Infer {
+        source: kube::config::InferConfigError,
+    },
+    #[error("{source}")]
+    Kubeconfig { source: crate::error::Error },
+    #[error("{source}")]
+    Client { source: crate::client::BuildError },
+    #[error("listing {kind}: {source}")]
+    List {
+        kind: String,
+        source: crate::error::Error,
+    },
+    #[error("listing the health Leases in {namespace}: {source}")]
+    HealthLeases {
+        namespace: String,
+        source: kube::Error,
+    },
+    #[error("reading Lease {namespace}/{name}: {source}")]
+    Election {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("listing Events: {source}")]
+    Events { source: kube::Error },
+}
+
+async fn client(args: &StatusArgs) -> Result<Client, StatusError> {
     let config = match (&args.kubeconfig, &args.context) {
-        (None, None) => Config::infer().await.map_err(|e| e.to_string())?,
+        (None, None) => Config::infer()
+            .await
+            .map_err(|source| StatusError::Infer { source })?,
         (path, context) => {
             crate::client::kubeconfig_config(path.as_deref(), context.as_deref(), "local cluster")
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|source| StatusError::Kubeconfig { source })?
         }
     };
-    crate::client::plain_client(config).map_err(|e| e.to_string())
+    crate::client::plain_client(config).map_err(|source| StatusError::Client { source })
 }
 
-async fn list_meta<K>(api: Api<K>, selector: &str) -> Result<Vec<ObjectMeta>, String>
+async fn list_meta<K>(api: Api<K>, selector: &str) -> Result<Vec<ObjectMeta>, StatusError>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -415,7 +451,10 @@ where
         })
     })
     .await
-    .map_err(|e| format!("listing {}: {e}", K::kind(&())))
+    .map_err(|source| StatusError::List {
+        kind: K::kind(&()).into_owned(),
+        source,
+    })
 }
 
 /// Reads the local cluster and prints the report; returns the exit code.
@@ -442,8 +481,8 @@ pub async fn run(args: StatusArgs) -> i32 {
     }
 }
 
-async fn gather(args: &StatusArgs) -> Result<Report, String> {
-    crate::cli::args::validate_label_key(&args.label_key)?;
+async fn gather(args: &StatusArgs) -> Result<Report, StatusError> {
+    crate::cli::args::validate_label_key(&args.label_key).map_err(StatusError::LabelKey)?;
     let opts = Options {
         label_key: args.label_key.clone(),
         cluster_name: String::new(),
@@ -459,12 +498,20 @@ async fn gather(args: &StatusArgs) -> Result<Report, String> {
     let health = leases
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|e| format!("listing the health Leases in {}: {e}", args.namespace))?
+        .map_err(|source| StatusError::HealthLeases {
+            namespace: args.namespace.clone(),
+            source,
+        })?
         .items;
-    let election = leases
-        .get_opt(&args.lease_name)
-        .await
-        .map_err(|e| format!("reading Lease {}/{}: {e}", args.namespace, args.lease_name))?;
+    let election =
+        leases
+            .get_opt(&args.lease_name)
+            .await
+            .map_err(|source| StatusError::Election {
+                namespace: args.namespace.clone(),
+                name: args.lease_name.clone(),
+                source,
+            })?;
     let followers = opts.follower_selector();
     let (mut services, mut slices) = (Vec::new(), Vec::new());
     for ns in scopes(&args.watch_namespaces) {
@@ -476,7 +523,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, String> {
     let events = events
         .list(&ListParams::default().fields("reportingComponent=cross-cluster-controller"))
         .await
-        .map_err(|e| format!("listing Events: {e}"))?
+        .map_err(|source| StatusError::Events { source })?
         .items;
     let inputs = Inputs {
         health,

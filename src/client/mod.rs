@@ -53,6 +53,33 @@ pub struct Clients {
     pub remotes: Vec<Remote>,
 }
 
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The bounded retry policy's parameters (fixed here) were refused.
+    #[error("{source}")]
+    Retry {
+        source: kube::client::retry::InvalidBackoff,
+    },
+    /// kube could not build a client from the configuration (TLS material, proxy, ...).
+    #[error("{source}")]
+    Client { source: kube::Error },
+}
+
+/// Why a cluster's id could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterIdError {
+    #[error("no answer within {timeout:?}")]
+    NoAnswer { timeout: Duration },
+    #[error(
+        "reading its cluster id (namespace kube-system): {}",
+        crate::error::chain(source)
+    )]
+    Read { source: kube::Error },
+    #[error("its kube-system namespace has no uid")]
+    NoUid,
+}
+
 fn config_err(what: &str, e: impl std::fmt::Display) -> Error {
     // one line: kube's errors can nest causes over several lines
     let msg = e.to_string().replace('\n', " ");
@@ -162,7 +189,10 @@ const READ_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// the server's Retry-After), then the error goes to the reconcile, whose back-off is per key,
 /// logged and counted. kube's default (15 attempts, up to 1000 s apart) holds a worker on one
 /// throttled write for minutes, unlogged.
-fn client_of(mut cfg: Config, limits: Option<BodyLimits>) -> std::result::Result<Client, String> {
+fn client_of(
+    mut cfg: Config,
+    limits: Option<BodyLimits>,
+) -> std::result::Result<Client, BuildError> {
     cfg.default_retry = false;
     let policy = RetryPolicy::new(
         std::time::Duration::from_millis(20),
@@ -170,8 +200,8 @@ fn client_of(mut cfg: Config, limits: Option<BodyLimits>) -> std::result::Result
         6,
         true,
     )
-    .map_err(|e| e.to_string())?;
-    let builder = ClientBuilder::try_from(cfg).map_err(|e| e.to_string())?;
+    .map_err(|source| BuildError::Retry { source })?;
+    let builder = ClientBuilder::try_from(cfg).map_err(|source| BuildError::Client { source })?;
     // the retry layer clones the service it retries: a buffer makes kube's boxed stack cloneable
     // (a remote's client counts its response bodies first; `None`: the local cluster's)
     let builder = builder.with_layer(&LimitLayer(limits.unwrap_or(BodyLimits::NONE)));
@@ -182,7 +212,7 @@ fn client_of(mut cfg: Config, limits: Option<BodyLimits>) -> std::result::Result
 }
 
 /// A client for a one-shot command (`status`): the bounded retries, a 30 s connect and read limit.
-pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, String> {
+pub fn plain_client(mut cfg: Config) -> std::result::Result<Client, BuildError> {
     cfg.connect_timeout = Some(std::time::Duration::from_secs(30));
     cfg.read_timeout = Some(std::time::Duration::from_secs(30));
     client_of(cfg, None)
@@ -203,19 +233,16 @@ pub async fn secret_remote(kc: Kubeconfig, settings: &Settings) -> Result<(Clien
 
 /// The uid of a cluster's kube-system namespace: its id (as the MCS ClusterProperty
 /// `cluster.clusterset.k8s.io` defines it).
-pub async fn cluster_id(client: &Client, timeout: Duration) -> Result<String, String> {
+pub async fn cluster_id(
+    client: &Client,
+    timeout: Duration,
+) -> std::result::Result<String, ClusterIdError> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = tokio::time::timeout(timeout, api.get("kube-system"))
         .await
-        .map_err(|_| format!("no answer within {timeout:?}"))?
-        .map_err(|e| {
-            format!(
-                "reading its cluster id (namespace kube-system): {}",
-                crate::error::chain(&e)
-            )
-        })?;
-    ns.uid()
-        .ok_or_else(|| "its kube-system namespace has no uid".to_string())
+        .map_err(|_| ClusterIdError::NoAnswer { timeout })?
+        .map_err(|source| ClusterIdError::Read { source })?;
+    ns.uid().ok_or(ClusterIdError::NoUid)
 }
 
 /// The local client, and the static remote when the flags name one (`--kubeconfig` /
@@ -239,6 +266,11 @@ pub async fn build(settings: &Settings) -> Result<Clients> {
         )
         .map_err(|e| config_err("remote client", e))?;
         let name = settings.cluster_name.clone().unwrap_or(context_name);
+        if name == crate::state::LOCAL {
+            return Err(Error::Config(format!(
+                "the remote name {name:?} (--cluster-name, or the remote context's name) is the local cluster's: give the remote another name with --cluster-name"
+            )));
+        }
         remotes.push(Remote {
             name,
             client: remote,

@@ -14,7 +14,18 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// Why an address was refused. The variants are bounded categories, usable as metric labels
 /// through [`Refusal::reason`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+)]
 pub enum Refusal {
     /// an address of a local Node (`status.addresses`)
     LocalNode,
@@ -39,34 +50,12 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every reason [`Refusal::reason`] returns.
-    pub const REASONS: [&'static str; 10] = [
-        "LocalNode",
-        "LocalPodNetwork",
-        "LocalServiceNetwork",
-        "LocalApiServer",
-        "LocalConfigured",
-        "Reserved",
-        "NotAllowed",
-        "NoAllowlist",
-        "Fqdn",
-        "NotAnAddress",
-    ];
+    /// Every reason [`Refusal::reason`] returns: the variants' names.
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
 
-    /// Short CamelCase reason, usable as a metric label.
+    /// Short CamelCase reason, usable as a metric label: the variant's name.
     pub fn reason(self) -> &'static str {
-        match self {
-            Refusal::LocalNode => "LocalNode",
-            Refusal::LocalPodNetwork => "LocalPodNetwork",
-            Refusal::LocalServiceNetwork => "LocalServiceNetwork",
-            Refusal::LocalApiServer => "LocalApiServer",
-            Refusal::LocalConfigured => "LocalConfigured",
-            Refusal::Reserved => "Reserved",
-            Refusal::NotAllowed => "NotAllowed",
-            Refusal::NoAllowlist => "NoAllowlist",
-            Refusal::Fqdn => "Fqdn",
-            Refusal::NotAnAddress => "NotAnAddress",
-        }
+        self.into()
     }
 
     /// What it means, for an Event.

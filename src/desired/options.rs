@@ -191,7 +191,7 @@ impl Options {
 
 /// Why a remote object cannot be mirrored. The variants are bounded categories, usable as
 /// metric labels through [`Skip::reason`].
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[derive(Debug, thiserror::Error, Clone, PartialEq, strum::IntoStaticStr, strum::VariantNames)]
 pub enum Skip {
     /// The remote Service does not carry `<key>=true`.
     #[error("remote Service does not carry the export label {label}")]
@@ -237,28 +237,13 @@ pub enum Skip {
 }
 
 impl Skip {
-    /// Every reason [`Skip::reason`] returns.
-    pub const REASONS: [&'static str; 7] = [
-        "NotExported",
-        "MissingName",
-        "MissingNamespace",
-        "LabelsInvalid",
-        "AnnotationsInvalid",
-        "AnnotationsTooLarge",
-        "ExternalNameRefused",
-    ];
+    /// Every reason [`Skip::reason`] returns: the variants' names.
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
 
-    /// Short CamelCase reason, usable as a Kubernetes Event reason and as a metric label.
+    /// Short CamelCase reason, usable as a Kubernetes Event reason and as a metric label: the
+    /// variant's name.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Skip::NotExported { .. } => "NotExported",
-            Skip::MissingName => "MissingName",
-            Skip::MissingNamespace => "MissingNamespace",
-            Skip::LabelsInvalid { .. } => "LabelsInvalid",
-            Skip::AnnotationsInvalid { .. } => "AnnotationsInvalid",
-            Skip::AnnotationsTooLarge { .. } => "AnnotationsTooLarge",
-            Skip::ExternalNameRefused => "ExternalNameRefused",
-        }
+        self.into()
     }
 }
 

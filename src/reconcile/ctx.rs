@@ -206,7 +206,9 @@ impl Ctx {
                 let fallback = m.local_name.unwrap_or_default();
                 let who = crate::desired::mcs::Identity::Local;
                 Arc::new(McsLocal::new(Arc::new(McsCluster::new(
-                    who, "local", &fallback,
+                    who,
+                    crate::state::LOCAL,
+                    &fallback,
                 ))))
             }),
         }

@@ -4,7 +4,7 @@ use super::*;
 use crate::desired::test_support::{cluster_ip_service, endpoint, slice, web_ports};
 use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::fixtures::{
-    self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status,
+    self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status, terminating,
 };
 use crate::state::LocalState;
 use crate::state::cache::Cache;
@@ -312,6 +312,54 @@ async fn a_missing_namespace_is_reported_not_created_unless_asked() {
     })
     .await
     .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+}
+
+#[tokio::test]
+async fn a_namespace_being_deleted_is_skipped_not_retried_and_not_created_again() {
+    let mut s = setup(vec![cluster_ip_service()], vec![], vec![], vec![]);
+    // even when asked to create missing namespaces: this one exists, and is going
+    s.ctx.create_namespaces = true;
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(post(SERVICES), terminating("shop")).await;
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "NamespaceMissing");
+        let note = ev.body["note"].as_str().unwrap_or_default();
+        assert!(note.contains("is being deleted"), "{note}");
+    })
+    .await
+    .expect("a namespace being deleted is no error to retry");
+    assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+}
+
+#[tokio::test]
+async fn slices_refused_by_a_namespace_being_deleted_end_the_pass_without_an_error() {
+    let remote_slice = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+    let s = setup(
+        vec![cluster_ip_service()],
+        vec![remote_slice],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(post(SLICES), terminating("shop")).await;
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "NamespaceMissing");
+    })
+    .await
+    .expect("a namespace being deleted is no error to retry");
     assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
 }
 

@@ -278,7 +278,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     let outcome = match converge(ctx, &mcs, key, &snap, &local, &mut wrote).await {
         Ok(()) => wrote.outcome(),
         Err(Stop::Outcome(o)) => o,
-        Err(Stop::Err(e)) if namespace_gone(&e) => {
+        Err(Stop::Err(e)) if e.namespace_gone().is_some() => {
             debug!(key = %key, "the namespace does not exist here (or is being deleted): nothing imported");
             Outcome::Skipped(NAMESPACE_MISSING)
         }
@@ -296,16 +296,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
             .inc();
     }
     Ok(outcome)
-}
-
-/// A create refused because its namespace does not exist (404) or is being deleted (403).
-fn namespace_gone(e: &Error) -> bool {
-    match e {
-        Error::Kube(kube::Error::Api(s)) => {
-            s.code == 404 || (s.code == 403 && s.message.contains("being terminated"))
-        }
-        _ => false,
-    }
 }
 
 async fn converge(

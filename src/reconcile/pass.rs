@@ -25,7 +25,7 @@ use crate::desired::{
     service_change, set_slice_owner, slice_change, slice_recorded,
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome};
-use crate::error::{Error, Result};
+use crate::error::{Error, NamespaceGone, Result};
 use crate::runtime::metrics::ByOutcome;
 use crate::state::RemoteState;
 
@@ -221,10 +221,19 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         match merged.follower.take() {
             Some(mut f) => {
                 record_contributors(&mut f, &merged.contributors, ctx);
-                let (outcome, uid) =
-                    apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await?;
-                created = uid.filter(|_| snap.service.is_none());
-                outcome
+                let origin = origin_of(&f.service, ctx);
+                match apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await {
+                    Ok((outcome, uid)) => {
+                        created = uid.filter(|_| snap.service.is_none());
+                        outcome
+                    }
+                    // a namespace being deleted refuses the slices' creates too: nothing to retry
+                    Err(e) if e.namespace_gone() == Some(NamespaceGone::Terminating) => {
+                        let gone = NamespaceGone::Terminating;
+                        namespace_missing(ctx, key, &origin, gone).await?
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             None => remove(ctx, key, &snap, &proof, &recorded_service).await?,
         }
@@ -419,10 +428,14 @@ async fn ensure_service(
                     actual = ctx.writer.get::<Service>(&key.namespace, &key.name).await?;
                     continue;
                 }
-                Err(e) if e.api_code() == Some(404) => {
-                    return namespace_missing(ctx, key, &origin_of(desired, ctx)).await;
+                Err(e) => {
+                    let Some(gone) = e.namespace_gone() else {
+                        return Err(e);
+                    };
+                    let origin = origin_of(desired, ctx);
+                    let outcome = namespace_missing(ctx, key, &origin, gone).await;
+                    return outcome.map(ServiceState::Done);
                 }
-                Err(e) => return Err(e),
             }
         };
         let r = recorded(&live.metadata, &ctx.opts);
@@ -484,17 +497,24 @@ async fn dry_run_look(ctx: &Ctx, key: &Key, desired: &Service, looked: bool) -> 
     }
     if !ctx.writer.namespace_exists(&key.namespace).await? {
         let remote = origin_of(desired, ctx);
-        return Ok(Look::Done(namespace_missing(ctx, key, &remote).await?));
+        let outcome = namespace_missing(ctx, key, &remote, NamespaceGone::Missing).await?;
+        return Ok(Look::Done(ServiceState::Done(outcome)));
     }
     Ok(Look::Done(ServiceState::Done(Outcome::Applied)))
 }
 
-async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<ServiceState> {
-    if ctx.create_namespaces {
+async fn namespace_missing(
+    ctx: &Ctx,
+    key: &Key,
+    remote: &str,
+    gone: NamespaceGone,
+) -> Result<Outcome> {
+    // a namespace being deleted is not created again: it refuses every create until it is gone
+    if ctx.create_namespaces && gone == NamespaceGone::Missing {
         match ctx.writer.create_namespace(&key.namespace).await {
             Ok(Written::Done(_)) => {}
             // dry run: it would create the namespace, then the follower in it
-            Ok(Written::Skipped) => return Ok(ServiceState::Done(Outcome::Applied)),
+            Ok(Written::Skipped) => return Ok(Outcome::Applied),
             Err(e) if e.api_code() == Some(409) => {}
             Err(e) => return Err(e),
         }
@@ -504,13 +524,16 @@ async fn namespace_missing(ctx: &Ctx, key: &Key, remote: &str) -> Result<Service
             key.namespace
         )));
     }
-    let why = format!(
-        "local namespace {:?} does not exist; mirrored as soon as it does",
-        key.namespace
-    );
-    Ok(ServiceState::Done(
-        ctx.skip(key, remote, NAMESPACE_MISSING, why, None).await,
-    ))
+    let ns = &key.namespace;
+    let why = match gone {
+        NamespaceGone::Missing => {
+            format!("local namespace {ns:?} does not exist; mirrored as soon as it does")
+        }
+        NamespaceGone::Terminating => {
+            format!("local namespace {ns:?} is being deleted; mirrored once it exists again")
+        }
+    };
+    Ok(ctx.skip(key, remote, NAMESPACE_MISSING, why, None).await)
 }
 
 async fn apply_follower(

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::desired::Recorded;
+use crate::state::cache::GroupKey;
 
 /// What one remote proves about one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,6 +141,22 @@ impl Proof {
         }
         !self.exported() && self.all_gone(&remotes)
     }
+}
+
+/// The keys of local followers that record `remote` (one that left: each is passed again,
+/// and what only it exported goes).
+pub fn recording(
+    services: &[(GroupKey, Recorded)],
+    slices: &[(GroupKey, Recorded)],
+    remote: &str,
+) -> Vec<GroupKey> {
+    let mut keys: BTreeSet<GroupKey> = BTreeSet::new();
+    for (g, r) in services.iter().chain(slices) {
+        if r.names(remote) {
+            keys.insert(g.clone());
+        }
+    }
+    keys.into_iter().collect()
 }
 
 #[cfg(test)]

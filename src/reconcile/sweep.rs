@@ -185,22 +185,6 @@ pub fn plan(
     out
 }
 
-/// Pure: the keys of local followers that record `remote` (one that left: each is passed again,
-/// and what only it exported goes).
-pub fn recording(
-    services: &[(GroupKey, Recorded)],
-    slices: &[(GroupKey, Recorded)],
-    remote: &str,
-) -> Vec<GroupKey> {
-    let mut keys: BTreeSet<GroupKey> = BTreeSet::new();
-    for (g, r) in services.iter().chain(slices) {
-        if r.names(remote) {
-            keys.insert(g.clone());
-        }
-    }
-    keys.into_iter().collect()
-}
-
 pub struct SweepReport {
     pub exported: usize,
     pub followers: usize,
@@ -279,37 +263,6 @@ async fn delete_all(ctx: &Ctx, plan: &[Orphan], why: &str) -> Result<usize> {
         ctx.metrics.sweep_deletions.inc();
     }
     Ok(deleted)
-}
-
-/// The keys of the local followers (cache) that record a remote, which has left: a reconcile of
-/// each removes what only it exported and its slices, now that it is retired.
-pub fn retire_keys(ctx: &Ctx, remote: &str) -> Vec<GroupKey> {
-    let opts = &ctx.opts;
-    // each object's record is read as it is decoded and kept only if it names the remote: at
-    // 10,000 followers a copy of every object's metadata would be tens of MiB
-    let naming = |g: &GroupKey, r: Recorded| r.names(remote).then(|| (g.clone(), r));
-    let services: Vec<(GroupKey, Recorded)> = {
-        let c = ctx.local.services.read();
-        c.keys()
-            .filter_map(|g| {
-                let s = c.named(g).ok().flatten()?;
-                naming(g, recorded(&s.metadata, opts))
-            })
-            .collect()
-    };
-    let slices: Vec<(GroupKey, Recorded)> = {
-        let c = ctx.local.slices.read();
-        c.keys()
-            .flat_map(|g| {
-                c.group(g)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|s| naming(g, slice_recorded(&s.metadata, opts)))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
-    recording(&services, &slices, remote)
 }
 
 /// One sweep: one complete listing of the local followers, then one of each remote's exported Services;
@@ -413,6 +366,7 @@ pub fn spawn(sup: &Supervisor, ctl: &Arc<Controller>, sweep_now: &Arc<Notify>, s
 mod tests {
     use super::*;
     use crate::desired::EndpointsMode;
+    use crate::reconcile::proof::recording;
     use serde_json::json;
 
     fn opts() -> Options {

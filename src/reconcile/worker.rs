@@ -16,18 +16,16 @@ use tracing::{error, info, warn};
 
 use super::ctx::{Ctx, Key, Mode};
 use super::pass::reconcile;
-use crate::desired::Outcome;
+use super::writer::Writer;
 use crate::desired::mcs::Grant;
+use crate::desired::{Options, Outcome, Recorded, recorded, slice_recorded};
 use crate::error::Error;
 use crate::runtime::lease::Leadership;
-use crate::runtime::metrics::{ByModeOutcome, ByOutcome, ByRemote};
+use crate::runtime::metrics::{ByModeOutcome, ByOutcome, ByRemote, Metrics};
 use crate::runtime::queue::WorkQueue;
 use crate::runtime::supervisor::panic_message;
-use crate::state::McsCluster;
 use crate::state::cache::GroupKey;
-
-/// The label of the local cluster as an MCS source.
-pub const LOCAL: &str = "local";
+use crate::state::{LOCAL, LocalState, McsCluster, McsLocal, Remotes};
 
 /// When a remote change was first seen, and from which remote.
 type Pending = (Instant, Arc<str>);
@@ -156,7 +154,7 @@ impl Controller {
     /// and remembered for the propagation-lag histogram as [`Self::remote_changed`] does, under
     /// the cluster's label ("local" for the local cluster).
     pub fn mcs_changed(&self, cluster: &Arc<str>, keys: Vec<GroupKey>) {
-        if &**cluster != LOCAL && self.ctx.remotes.get(cluster).is_none() {
+        if !self.reads(cluster) {
             return;
         }
         let keys = self.keys_of(keys, Key::mcs);
@@ -180,6 +178,60 @@ impl Controller {
         self.remember(remote, &keys);
         for key in keys {
             self.queue.add(key);
+        }
+    }
+
+    /// Whether `cluster` (an MCS source's label) is a cluster this daemon reads now: the local
+    /// one ([`LOCAL`], a name no remote can take) or a remote that has not left.
+    fn reads(&self, cluster: &str) -> bool {
+        cluster == LOCAL || self.ctx.remotes.get(cluster).is_some()
+    }
+
+    /// A local namespace appeared (or changed): what waited for it is queued, the exported
+    /// Services of every remote in it and, with the MCS API, every export of it (an import is
+    /// made where the namespace exists).
+    pub fn namespace_appeared(&self, name: &str) {
+        if let Some(mcs) = &self.ctx.mcs {
+            let mut keys = mcs.source.exported_in(name);
+            for s in self.ctx.remotes.states() {
+                if let Some(c) = &s.mcs {
+                    keys.extend(c.exported_in(name));
+                }
+            }
+            self.enqueue_mcs(keys);
+        }
+        for s in self.ctx.remotes.states() {
+            let keys: Vec<GroupKey> = (s.services.read().keys())
+                .filter(|k| k.0 == name)
+                .cloned()
+                .collect();
+            self.enqueue(keys);
+        }
+    }
+
+    /// A remote left (retired from the set of remotes): every local follower that records it is
+    /// queued (its pass removes what only that remote exported, and its slices), and every MCS
+    /// import (what it had from that remote goes with its name). Returns how many followers
+    /// record it.
+    pub fn remote_left(&self, remote: &str) -> usize {
+        let keys = retire_keys(&self.ctx, remote);
+        let followers = keys.len();
+        self.enqueue(keys);
+        self.enqueue_imports();
+        followers
+    }
+
+    /// Queues every key: every remote's exported Services, every local follower, every MCS key
+    /// (the local networks changed: every admission is judged again).
+    pub fn enqueue_everything(&self) {
+        for s in self.ctx.remotes.states() {
+            let keys: Vec<_> = s.services.read().keys().cloned().collect();
+            self.enqueue(keys);
+        }
+        let followers: Vec<_> = self.ctx.local.services.read().keys().cloned().collect();
+        self.enqueue(followers);
+        if self.ctx.mcs.is_some() {
+            self.enqueue_all_mcs();
         }
     }
 
@@ -294,19 +346,104 @@ impl Controller {
     }
 }
 
+/// What the rooms above (`watch/`, `remotes/`) read of the context the workers share: through
+/// these, not through `ctx`, so what they may touch is listed here.
+impl Controller {
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.ctx.metrics
+    }
+
+    /// The set of remotes being read.
+    pub fn remotes(&self) -> &Arc<Remotes> {
+        &self.ctx.remotes
+    }
+
+    /// The local caches (followers, networks).
+    pub fn local(&self) -> &Arc<LocalState> {
+        &self.ctx.local
+    }
+
+    pub fn opts(&self) -> &Options {
+        &self.ctx.opts
+    }
+
+    /// The namespaces read (empty: all).
+    pub fn namespaces(&self) -> &[String] {
+        &self.ctx.namespaces
+    }
+
+    /// The MCS state of the local cluster, with `--mcs`.
+    pub fn mcs(&self) -> Option<&Arc<McsLocal>> {
+        self.ctx.mcs.as_ref()
+    }
+
+    /// The one writer (its Lease check, dry run and preconditions).
+    pub fn writer(&self) -> &Writer {
+        &self.ctx.writer
+    }
+
+    /// The export conflicts per remote and kind (for the gauge and the health Leases).
+    pub fn conflict_counts(&self) -> HashMap<(String, &'static str), i64> {
+        self.ctx.conflict_counts()
+    }
+
+    /// Records an Event (rate-limited; on the fallback reference when `on` is None).
+    pub async fn event(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        action: &str,
+        on: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    ) {
+        self.ctx.event(type_, reason, note, action, on).await;
+    }
+}
+
+/// The keys of the local followers (cache) that record a remote, which has left: a reconcile of
+/// each removes what only it exported and its slices, now that it is retired.
+fn retire_keys(ctx: &Ctx, remote: &str) -> Vec<GroupKey> {
+    let opts = &ctx.opts;
+    // each object's record is read as it is decoded and kept only if it names the remote: at
+    // 10,000 followers a copy of every object's metadata would be tens of MiB
+    let naming = |g: &GroupKey, r: Recorded| r.names(remote).then(|| (g.clone(), r));
+    let services: Vec<(GroupKey, Recorded)> = {
+        let c = ctx.local.services.read();
+        c.keys()
+            .filter_map(|g| {
+                let s = c.named(g).ok().flatten()?;
+                naming(g, recorded(&s.metadata, opts))
+            })
+            .collect()
+    };
+    let slices: Vec<(GroupKey, Recorded)> = {
+        let c = ctx.local.slices.read();
+        c.keys()
+            .flat_map(|g| {
+                c.group(g)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|s| naming(g, slice_recorded(&s.metadata, opts)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    super::proof::recording(&services, &slices, remote)
+}
+
 /// Runs one pass for a key and releases the key whatever happens: a panic inside the pass is
-/// caught and returned as its message.
+/// caught and returned as [`Error::Panic`] with its message.
 pub async fn process<K, T>(
     queue: &WorkQueue<K>,
     key: &K,
     pass: impl Future<Output = T>,
-) -> Result<T, String>
+) -> Result<T, Error>
 where
     K: Clone + Eq + std::hash::Hash + Send + 'static,
 {
     let outcome = AssertUnwindSafe(pass).catch_unwind().await;
     queue.done(key);
-    outcome.map_err(|p| panic_message(p.as_ref()))
+    outcome.map_err(|p| Error::Panic(panic_message(p.as_ref())))
 }
 
 /// One worker: runs until the queue is closed and drained.
@@ -330,7 +467,7 @@ pub async fn run(ctl: Arc<Controller>) {
             .await
             .unwrap_or_else(|panic| {
                 ctl.ctx.metrics.panics.inc();
-                Err(Error::Panic(panic))
+                Err(panic)
             });
         ctl.timed(&key, &result, started);
         match result {
@@ -362,7 +499,10 @@ mod tests {
         q.add("a");
         let key = q.next().await.expect("queued");
         let got = process(&q, &key, async { panic!("bad object") }).await;
-        assert_eq!(got, Err::<(), _>("bad object".to_string()));
+        assert!(
+            matches!(&got, Err(Error::Panic(m)) if m == "bad object"),
+            "{got:?}"
+        );
         // a key still marked in progress would only be marked dirty here, never handed out
         q.add("a");
         let again = tokio::time::timeout(Duration::from_secs(1), q.next()).await;
@@ -443,11 +583,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_namespace_that_appears_queues_only_the_exports_waiting_for_it() {
+        let (client, _api) = crate::fixtures::client("local");
+        let (_tx, leadership) = crate::fixtures::leadership(true);
+        let remote = crate::state::RemoteState::new(
+            crate::fixtures::REMOTE,
+            crate::fixtures::opts(),
+            vec![],
+        );
+        let exported = |ns: &str, name: &str| {
+            let mut s = crate::desired::test_support::cluster_ip_service();
+            s.metadata.namespace = Some(ns.into());
+            s.metadata.name = Some(name.into());
+            s
+        };
+        let services = [exported("shop", "web"), exported("shop", "db")];
+        crate::fixtures::loaded(
+            &remote.services,
+            services.into_iter().chain([exported("other", "web")]),
+        );
+        let local = Arc::new(crate::state::LocalState::default().networks_listed());
+        let ctx = crate::fixtures::ctx(client, leadership.clone(), vec![Arc::new(remote)], local);
+        let ctl = Controller::new(Arc::new(ctx), WorkQueue::new(), leadership);
+        ctl.namespace_appeared("shop");
+        let mut queued = vec![];
+        while !ctl.queue.is_empty() {
+            let key = ctl.queue.next().await.expect("queued");
+            ctl.queue.done(&key);
+            queued.push(key.to_string());
+        }
+        queued.sort();
+        assert_eq!(
+            queued,
+            [
+                Key::follower(("shop".into(), "db".into())).to_string(),
+                Key::follower(("shop".into(), "web".into())).to_string()
+            ]
+        );
+        // and the local cluster's name is always read; a remote's only while it is a member
+        assert!(ctl.reads(LOCAL));
+        assert!(ctl.reads(crate::fixtures::REMOTE));
+        assert!(!ctl.reads("gone"));
+    }
+
+    #[tokio::test]
     async fn a_pass_that_succeeds_releases_its_key_and_returns_its_value() {
         let q = WorkQueue::new();
         q.add(1);
         let key = q.next().await.expect("queued");
-        assert_eq!(process(&q, &key, async { 7 }).await, Ok(7));
+        assert!(matches!(process(&q, &key, async { 7 }).await, Ok(7)));
         q.add(1);
         assert_eq!(q.len(), 1);
     }

@@ -439,7 +439,7 @@ impl Renewer {
     /// Each Secret remote whose token is due, renewed (one at a time).
     async fn pass(&mut self) {
         let now = Timestamp::now();
-        for m in self.ctl.ctx.remotes.members() {
+        for m in self.ctl.remotes().members() {
             let Origin::Secret { name, hash } = &m.origin else {
                 continue;
             };
@@ -460,8 +460,7 @@ impl Renewer {
         }
         let live: Vec<String> = self
             .ctl
-            .ctx
-            .remotes
+            .remotes()
             .members()
             .iter()
             .map(|m| m.name().to_string())
@@ -472,7 +471,7 @@ impl Renewer {
 
     /// Reads the Secret, mints a token on the remote, writes it back.
     async fn renew(&self, m: &Member, secret: &str, hash: &str) -> Result<Renewed, RenewError> {
-        let w = &self.ctl.ctx.writer;
+        let w = self.ctl.writer();
         let Some(s) = w.get::<Secret>(&self.namespace, secret).await? else {
             return Ok(Renewed::Nothing);
         };
@@ -566,8 +565,7 @@ impl Renewer {
 
     fn count(&self, remote: &str, outcome: &str) {
         self.ctl
-            .ctx
-            .metrics
+            .metrics()
             .credential_renewals
             .get_or_create(&ByRemoteOutcome::new(remote, outcome))
             .inc();
@@ -579,7 +577,6 @@ impl Renewer {
         s.metadata.namespace = Some(self.namespace.clone());
         let reference = s.object_ref(&());
         self.ctl
-            .ctx
             .event(kind, reason, note, "RenewCredential", Some(reference))
             .await;
     }

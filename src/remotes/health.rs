@@ -214,7 +214,7 @@ impl Keeper {
         interval: Duration,
     ) -> Self {
         Self {
-            keys: Keys::new(&ctl.ctx.opts),
+            keys: Keys::new(ctl.opts()),
             ctl,
             api: Api::namespaced(local, &lease.namespace),
             namespace: lease.namespace.clone(),
@@ -244,15 +244,14 @@ impl Keeper {
     }
 
     fn observe(&self) -> Vec<Observation> {
-        let conflicts = self.ctl.ctx.conflict_counts();
+        let conflicts = self.ctl.conflict_counts();
         let mut per_remote: HashMap<&str, i64> = HashMap::new();
         for ((remote, _), n) in &conflicts {
             *per_remote.entry(remote.as_str()).or_default() += n;
         }
         let now = Timestamp::now();
         self.ctl
-            .ctx
-            .remotes
+            .remotes()
             .members()
             .iter()
             .map(|m| {
@@ -278,7 +277,7 @@ impl Keeper {
     /// Creates or renews one health Lease through the writer (which gates it on the Lease,
     /// honours dry run and bounds it with the write deadline).
     async fn write(&self, remote: &str, name: &str, exists: bool, lease: &Lease) -> Result<()> {
-        let writer = &self.ctl.ctx.writer;
+        let writer = self.ctl.writer();
         if exists {
             writer.renew(lease).await?;
         } else if let Written::Done(_) = writer.create(lease).await? {
@@ -320,7 +319,7 @@ impl Keeper {
         }
         // a Lease whose remote is not read any more (removed, or not joined after every source
         // was listed) goes
-        if !self.ctl.ctx.remotes.complete() {
+        if !self.ctl.remotes().complete() {
             return Ok(());
         }
         for (name, l) in &live {
@@ -333,8 +332,7 @@ impl Keeper {
             let why = "its remote is not read any more";
             match self
                 .ctl
-                .ctx
-                .writer
+                .writer()
                 .delete::<Lease>(&self.namespace, name, uid, why)
                 .await
             {

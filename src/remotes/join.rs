@@ -43,7 +43,7 @@ pub fn join(
     let cluster_id = known.cluster_id.clone();
     let mut opts = settings.opts.for_remote(&remote.name, cluster_id.clone());
     opts.allow_external_name = known.allow_external_name;
-    ctl.ctx.metrics.init_remote(&remote.name);
+    ctl.metrics().init_remote(&remote.name);
     let addresses = AddressPolicy {
         allowed: known.allowed_cidrs,
         strict: settings.strict_addresses,
@@ -53,7 +53,7 @@ pub fn join(
         .with_addresses(addresses)
         .with_budget(known.budget)
         .with_mcs(settings.mcs, cluster_id.as_deref());
-    let member = ctl.ctx.remotes.insert(Member {
+    let member = ctl.remotes().insert(Member {
         state: Arc::new(state),
         client: remote.client.clone(),
         cluster_id,

@@ -95,7 +95,7 @@ pub async fn run(ctl: Arc<Controller>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        let members = ctl.ctx.remotes.states();
+        let members = ctl.remotes().states();
         dampers.retain(|name, _| members.iter().any(|m| m.name == *name));
         for s in members {
             let Some(after) = s.stale_after else {
@@ -117,7 +117,7 @@ pub async fn run(ctl: Arc<Controller>) {
 }
 
 async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) {
-    let m = &ctl.ctx.metrics;
+    let m = ctl.metrics();
     let to = match t {
         Transition::Marked => "marked",
         Transition::Restored => "restored",
@@ -141,9 +141,7 @@ async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) 
         }
     };
     if ctl.leader.is_leader() {
-        ctl.ctx
-            .event(type_, reason, note, "OutagePolicy", None)
-            .await;
+        ctl.event(type_, reason, note, "OutagePolicy", None).await;
     }
 }
 

@@ -108,6 +108,11 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 253 printable characters"
         ));
     }
+    if name == crate::state::LOCAL {
+        return Err(format!(
+            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) is the local cluster's: give the remote another name"
+        ));
+    }
     let text = kubeconfig_text(s)?;
     let kubeconfig = Kubeconfig::from_yaml(&text)
         .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
@@ -203,6 +208,20 @@ mod tests {
         assert_eq!(c.hash.len(), 64);
         let c = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
         assert_eq!(c.name, "east-secret");
+    }
+
+    #[test]
+    fn no_remote_takes_the_local_clusters_name() {
+        // by label, annotation or the Secret's own name: "local" is the local cluster's
+        let by_label = read_secret(&secret(json!({NAME_KEY: "local"}), Some(KUBECONFIG)));
+        let why = by_label.expect_err("a remote named local is refused");
+        assert!(why.contains("is the local cluster's"), "{why}");
+        let mut named = secret(json!({}), Some(KUBECONFIG));
+        named.metadata.name = Some(crate::state::LOCAL.to_string());
+        assert!(read_secret(&named).is_err(), "by the Secret's name too");
+        // a name that only contains it is any other name
+        let c = read_secret(&secret(json!({NAME_KEY: "local-east"}), Some(KUBECONFIG)));
+        assert_eq!(c.expect("another name").name, "local-east");
     }
 
     #[test]

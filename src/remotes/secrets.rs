@@ -35,6 +35,38 @@ use tokio::sync::Notify;
 /// How often Secrets that could not be used (an unreachable server, say) are tried again.
 const RETRY: Duration = Duration::from_secs(10);
 
+/// Why a Secret's remote does not join: logged, shown on /readyz, recorded as an Event on the
+/// Secret and counted; a remote that was running keeps running.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The Secret describes no remote (see `read_secret`: its name, kubeconfig or annotations).
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("remote {name:?} is already named by Secret {secret}")]
+    NamedElsewhere { name: String, secret: String },
+    #[error("remote {name:?} is already the static remote (--kubeconfig/--remote-context)")]
+    Static { name: String },
+    /// No client could be built from its kubeconfig (or the kubeconfig policy refused it).
+    #[error("{source}")]
+    Client { source: crate::error::Error },
+    #[error("its server {at} is the local cluster's")]
+    LocalServer { at: String },
+    #[error(transparent)]
+    ClusterId(#[from] client::ClusterIdError),
+    #[error("it reaches the local cluster (cluster id {id})")]
+    LocalCluster { id: String },
+    #[error("it reaches cluster {id}, already read as remote {other:?}")]
+    AlreadyRead { id: String, other: String },
+    #[error(
+        "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret"
+    )]
+    Held {
+        name: String,
+        id: String,
+        was: String,
+    },
+}
+
 /// The local cluster, as the Secret source needs it: a remote must be another cluster.
 pub struct LocalCluster {
     pub client: Client,
@@ -79,8 +111,7 @@ impl Source {
             id: local_id,
         } = local;
         let ids = ctl
-            .ctx
-            .remotes
+            .remotes()
             .members()
             .iter()
             .filter_map(|m| Some((m.name().to_string(), m.cluster_id.clone()?)))
@@ -115,7 +146,7 @@ impl Source {
         let mut stream = std::pin::pin!(stream);
         // not ready until the Secrets have been listed once: remotes may still be missing
         let listing_source = format!("remote Secrets in {}", self.from.namespace);
-        let registry = std::sync::Arc::clone(&self.ctl.ctx.remotes);
+        let registry = std::sync::Arc::clone(self.ctl.remotes());
         registry.set_problem(&listing_source, "not listed yet".into());
         let mut listed_once = false;
         let mut tick = tokio::time::interval(RETRY.min(self.grace()).max(Duration::from_secs(1)));
@@ -194,7 +225,7 @@ impl Source {
             Ok(()) => {
                 self.failing.remove(&name);
                 self.count_refused();
-                self.ctl.ctx.remotes.clear_problem(&self.source(&name));
+                self.ctl.remotes().clear_problem(&self.source(&name));
             }
             Err(why) => {
                 let first = self.failing.insert(name.clone());
@@ -206,10 +237,10 @@ impl Source {
     }
 
     /// Joins, rotates or leaves alone the remote a Secret names.
-    async fn evaluate(&mut self, s: &Secret) -> Result<(), String> {
+    async fn evaluate(&mut self, s: &Secret) -> Result<(), Refused> {
         let secret = s.name_any();
-        let c = read_secret(s)?;
-        let existing = self.ctl.ctx.remotes.get(&c.name);
+        let c = read_secret(s).map_err(Refused::Unreadable)?;
+        let existing = self.ctl.remotes().get(&c.name);
         if self.unchanged(&secret, &c, existing.as_deref())? {
             return Ok(());
         }
@@ -255,7 +286,7 @@ impl Source {
         secret: &str,
         c: &Candidate,
         existing: Option<&Member>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, Refused> {
         let Some(m) = existing else {
             return Ok(false);
         };
@@ -267,49 +298,50 @@ impl Source {
                 }
                 Ok(same)
             }
-            Origin::Secret { name, .. } if self.secrets.contains_key(name) => Err(format!(
-                "remote {:?} is already named by Secret {name}",
-                c.name
-            )),
+            Origin::Secret { name, .. } if self.secrets.contains_key(name) => {
+                Err(Refused::NamedElsewhere {
+                    name: c.name.clone(),
+                    secret: name.clone(),
+                })
+            }
             Origin::Secret { .. } => Ok(false), // its Secret is gone: this one takes over
-            Origin::Static => Err(format!(
-                "remote {:?} is already the static remote (--kubeconfig/--remote-context)",
-                c.name
-            )),
+            Origin::Static => Err(Refused::Static {
+                name: c.name.clone(),
+            }),
         }
     }
 
     /// A client of the Secret's cluster and that cluster's id, once it is proven to be neither
     /// the local cluster nor one already read under another name.
-    async fn reach(&self, c: &Candidate) -> Result<(Client, String), String> {
+    async fn reach(&self, c: &Candidate) -> Result<(Client, String), Refused> {
         let (client, at) = client::secret_remote(c.kubeconfig.clone(), &self.settings.client)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| Refused::Client { source })?;
         if at == self.local_authority {
-            return Err(format!("its server {at} is the local cluster's"));
+            return Err(Refused::LocalServer { at });
         }
         // bounded below the API timeout: a Secret whose server hangs must not hold the others long
         let wait = self.settings.api_timeout.min(Duration::from_secs(10));
         let id = client::cluster_id(&client, wait).await?;
         if self.local_id.as_deref() == Some(id.as_str()) {
-            return Err(format!("it reaches the local cluster (cluster id {id})"));
+            return Err(Refused::LocalCluster { id });
         }
-        let members = self.ctl.ctx.remotes.members();
+        let members = self.ctl.remotes().members();
         let other = members
             .iter()
             .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()));
         if let Some(other) = other {
-            return Err(format!(
-                "it reaches cluster {id}, already read as remote {:?}",
-                other.name()
-            ));
+            return Err(Refused::AlreadyRead {
+                id,
+                other: other.name().to_string(),
+            });
         }
         Ok((client, id))
     }
 
     /// A remote stays the cluster it was (by its id, remembered or recorded on its followers):
     /// a Secret that now reaches another cluster is held.
-    fn same_cluster(&mut self, name: &str, id: &str) -> Result<(), String> {
+    fn same_cluster(&mut self, name: &str, id: &str) -> Result<(), Refused> {
         if !self.ids.contains_key(name) {
             // a restarted daemon: what the followers record, read once per name
             let recorded = self.recorded_ids(name);
@@ -318,9 +350,11 @@ impl Source {
             }
         }
         match self.ids.get(name) {
-            Some(was) if was != id => Err(format!(
-                "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this Secret"
-            )),
+            Some(was) if was != id => Err(Refused::Held {
+                name: name.to_string(),
+                id: id.to_string(),
+                was: was.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -339,14 +373,14 @@ impl Source {
                 .flatten()
         };
         let mut ids: BTreeSet<String> = {
-            let services = self.ctl.ctx.local.services.read();
+            let services = self.ctl.local().services.read();
             services
                 .keys()
                 .filter_map(|k| services.named(k).ok().flatten())
                 .filter_map(|s| of(s.annotations()))
                 .collect()
         };
-        let slices = self.ctl.ctx.local.slices.read();
+        let slices = self.ctl.local().slices.read();
         for k in slices.keys() {
             for s in slices.group(k).unwrap_or_default() {
                 ids.extend(of(s.annotations()));
@@ -356,23 +390,21 @@ impl Source {
     }
 
     /// A Secret that cannot be used: reported; a remote it named keeps running as it was.
-    async fn refused(&self, s: &Secret, why: String, first: bool) {
+    async fn refused(&self, s: &Secret, why: Refused, first: bool) {
         let source = self.source(&s.name_any());
         if first {
             warn!(secret = %source, "not a usable remote: {why}");
             self.changed("refused");
         }
         self.ctl
-            .ctx
-            .remotes
+            .remotes()
             .set_problem(&source, format!("not a remote: {why}"));
         let reference = s.object_ref(&());
         self.ctl
-            .ctx
             .event(
                 EventType::Warning,
                 "RemoteRefused",
-                why,
+                why.to_string(),
                 "Join",
                 Some(reference),
             )
@@ -383,9 +415,9 @@ impl Source {
     fn deleted(&mut self, secret: &str) {
         self.secrets.remove(secret);
         self.failing.remove(secret);
-        self.ctl.ctx.remotes.clear_problem(&self.source(secret));
+        self.ctl.remotes().clear_problem(&self.source(secret));
         self.count_refused();
-        for m in self.ctl.ctx.remotes.members() {
+        for m in self.ctl.remotes().members() {
             if matches!(&m.origin, Origin::Secret { name, .. } if name == secret) {
                 let at = Instant::now() + self.grace();
                 info!(
@@ -422,25 +454,21 @@ impl Source {
     /// remote retired (a standby drops them; its next leadership gain passes every follower).
     fn leave(&mut self, name: &str) {
         self.leaving.remove(name);
-        if self.ctl.ctx.remotes.retire(name).is_none() {
+        if self.ctl.remotes().retire(name).is_none() {
             return;
         }
         self.ids.remove(name);
-        self.ctl.ctx.metrics.forget_remote(name);
+        self.ctl.metrics().forget_remote(name);
         self.changed("left");
-        let keys = crate::reconcile::sweep::retire_keys(&self.ctl.ctx, name);
-        info!(remote = %name, followers = keys.len(), "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
+        let followers = self.ctl.remote_left(name);
+        info!(remote = %name, followers, "remote left: its watches stopped; what only it exported is deleted, and merged followers lose its slices");
         let note = format!(
-            "remote {name} left (its Secret was deleted): {} followers record it; what only it exported is deleted, merged followers lose its slices",
-            keys.len()
+            "remote {name} left (its Secret was deleted): {followers} followers record it; what only it exported is deleted, merged followers lose its slices"
         );
-        self.ctl.enqueue(keys);
-        // and every MCS import: what it had from this remote goes with its retired name
-        self.ctl.enqueue_imports();
         if self.ctl.leader.is_leader() {
-            let ctx = Arc::clone(&self.ctl.ctx);
+            let ctl = Arc::clone(&self.ctl);
             tokio::spawn(async move {
-                ctx.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
+                ctl.event(EventType::Normal, "RemoteLeft", note, "Leave", None)
                     .await;
             });
         }
@@ -448,8 +476,7 @@ impl Source {
 
     fn changed(&self, change: &str) {
         self.ctl
-            .ctx
-            .metrics
+            .metrics()
             .remote_changes
             .get_or_create(&ByChange::new(change))
             .inc();
@@ -457,8 +484,7 @@ impl Source {
 
     fn count_refused(&self) {
         self.ctl
-            .ctx
-            .metrics
+            .metrics()
             .remote_secrets_refused
             .set(self.failing.len() as i64);
     }
@@ -473,7 +499,7 @@ pub async fn spawn(
     settings: (&Settings, &SecretSource),
 ) {
     let (settings, from) = settings;
-    ctl.ctx.remotes.set_complete(false);
+    ctl.remotes().set_complete(false);
     // the local cluster's id, so a Secret reaching the local cluster under another address is
     // refused too (without it, only the same address is)
     let local_id = client::cluster_id(&clients.local, settings.api_timeout)

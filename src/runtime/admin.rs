@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::supervisor::Supervisor;
 use crate::state::LocalState;
@@ -135,7 +135,8 @@ pub async fn serve(
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+        .await
+        .map_err(|source| Error::Admin { source })?;
     Ok(())
 }
 

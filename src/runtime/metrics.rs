@@ -264,7 +264,8 @@ impl Metrics {
         use crate::desired::{NAMESPACE_MISSING, NAMESPACE_PROTECTED};
         self.departed.remove(remote);
         for reason in Skip::REASONS
-            .into_iter()
+            .iter()
+            .copied()
             .chain([NAMESPACE_MISSING, NAMESPACE_PROTECTED])
         {
             touch_remote(&self.skipped, ByRemoteReason::new(remote, reason));
@@ -276,7 +277,7 @@ impl Metrics {
         for kind in KINDS {
             touch_remote(&self.conflicts, ByRemoteKind::new(remote, kind));
         }
-        for reason in crate::desired::addresses::Refusal::REASONS {
+        for &reason in crate::desired::addresses::Refusal::REASONS {
             touch_remote(&self.addresses_refused, ByRemoteReason::new(remote, reason));
         }
         for outcome in ["renewed", "failed"] {

@@ -10,17 +10,17 @@ use crate::error::{Error, Result};
 pub async fn start(cron: &str, sweep_now: &Arc<Notify>) -> Result<JobScheduler> {
     let scheduler = JobScheduler::new()
         .await
-        .map_err(|e| Error::Scheduler(e.to_string()))?;
+        .map_err(|source| Error::Scheduler { source })?;
     let wake = Arc::clone(sweep_now);
     let job = Job::new(cron, move |_, _| wake.notify_one())
-        .map_err(|e| Error::Scheduler(e.to_string()))?;
+        .map_err(|source| Error::Scheduler { source })?;
     scheduler
         .add(job)
         .await
-        .map_err(|e| Error::Scheduler(e.to_string()))?;
+        .map_err(|source| Error::Scheduler { source })?;
     scheduler
         .start()
         .await
-        .map_err(|e| Error::Scheduler(e.to_string()))?;
+        .map_err(|source| Error::Scheduler { source })?;
     Ok(scheduler)
 }

@@ -57,7 +57,7 @@ impl McsNamespace {
 
 /// One cluster's part in the MCS API, as a source.
 pub struct McsCluster {
-    /// "local", or the remote's name in the set of remotes: for logs and metrics
+    /// [`super::LOCAL`], or the remote's name in the set of remotes: for logs and metrics
     pub label: Arc<str>,
     /// who it is (never the name it claims)
     pub identity: Identity,

@@ -7,6 +7,12 @@ pub mod networks;
 pub mod remote;
 pub mod remotes;
 
+/// The local cluster's name wherever a cluster is named beside the remotes (metric labels,
+/// request counters, the MCS source of the local exports). No remote may take it: a Secret or a
+/// static remote named so is refused at join (`remotes::remote_secret::read_secret`,
+/// `client::build`), so "local" always means this cluster.
+pub const LOCAL: &str = "local";
+
 pub use cache::{Cache, CacheError, GroupKey};
 pub use local::LocalState;
 pub use mcs::{McsCluster, McsLocal, McsNamespace, McsView, Property};

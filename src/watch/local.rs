@@ -14,31 +14,31 @@ use tracing::warn;
 use super::{spawn, spec};
 use crate::reconcile::worker::Controller;
 use crate::runtime::supervisor::Supervisor;
-use crate::state::GroupKey;
+use crate::state::LOCAL;
 
 /// Starts the watches of our local followers: Services, EndpointSlices and Endpoints.
 pub fn followers(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u32) {
-    let sel = format!("{}=follower", ctl.ctx.opts.label_key);
+    let sel = format!("{}=follower", ctl.opts().label_key);
     let on_change = || {
         let ctl = Arc::clone(ctl);
         move |keys| ctl.enqueue(keys)
     };
     let what = |kind: &str| format!("local follower {kind}");
-    let (m, ns) = (&ctl.ctx.metrics, &ctl.ctx.namespaces[..]);
-    let s = || Arc::clone(&ctl.ctx.local);
+    let (m, ns) = (ctl.metrics(), ctl.namespaces());
+    let s = || Arc::clone(ctl.local());
     let stop = &sup.child_token();
-    let services = spec::<Service>(local, ns, timeout, sel.clone(), "local", what("Services"));
+    let services = spec::<Service>(local, ns, timeout, sel.clone(), LOCAL, what("Services"));
     spawn(sup, m, stop, services, (s(), |s| &s.services), on_change());
     let slices = spec::<EndpointSlice>(
         local,
         ns,
         timeout,
         sel.clone(),
-        "local",
+        LOCAL,
         what("EndpointSlices"),
     );
     spawn(sup, m, stop, slices, (s(), |s| &s.slices), on_change());
-    let endpoints = spec::<Endpoints>(local, ns, timeout, sel, "local", what("Endpoints"));
+    let endpoints = spec::<Endpoints>(local, ns, timeout, sel, LOCAL, what("Endpoints"));
     spawn(
         sup,
         m,
@@ -61,28 +61,8 @@ pub fn namespaces(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeo
         while let Some(ns) = stream.next().await {
             match ns {
                 Ok(ns) => {
-                    let Some(name) = ns.metadata.name else {
-                        continue;
-                    };
-                    if let Some(mcs) = &ctl.ctx.mcs {
-                        // the KEP imports where the namespace exists: every export of it
-                        let mut keys = mcs.source.exported_in(&name);
-                        for s in ctl.ctx.remotes.states() {
-                            if let Some(c) = &s.mcs {
-                                keys.extend(c.exported_in(&name));
-                            }
-                        }
-                        ctl.enqueue_mcs(keys);
-                    }
-                    for s in ctl.ctx.remotes.states() {
-                        let keys: Vec<GroupKey> = s
-                            .services
-                            .read()
-                            .keys()
-                            .filter(|k| k.0 == name)
-                            .cloned()
-                            .collect();
-                        ctl.enqueue(keys);
+                    if let Some(name) = ns.metadata.name {
+                        ctl.namespace_appeared(&name);
                     }
                 }
                 Err(e) => warn!(error = %e, "local namespace watch failed; retrying"),

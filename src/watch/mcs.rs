@@ -17,9 +17,10 @@ use tracing::{info, warn};
 
 use super::{spawn, spawn_listed, spec};
 use crate::desired::mcs::{self, CLUSTER_ID_PROPERTY, ClusterProperty, ServiceExport};
+use crate::error::{Error, Result};
 use crate::reconcile::worker::Controller;
 use crate::runtime::supervisor::Supervisor;
-use crate::state::{GroupKey, McsCluster, McsLocal, McsNamespace, Property};
+use crate::state::{GroupKey, LOCAL, McsCluster, McsLocal, McsNamespace, Property};
 
 /// Where one cluster's MCS watches read, and until when.
 pub struct Source {
@@ -29,6 +30,43 @@ pub struct Source {
     pub namespaces: Vec<String>,
     pub timeout: u32,
     pub stop: CancellationToken,
+}
+
+/// The preflight of `--mcs`, before any MCS watch starts: the local cluster serves the MCS API
+/// (its CRDs are installed) and has a name (a ClusterProperty `cluster.clusterset.k8s.io` or
+/// `--local-cluster-name`).
+pub async fn preflight(local: &Client, mcs: &McsLocal) -> Result<()> {
+    use crate::desired::mcs::ServiceImport;
+    let lp = kube::api::ListParams::default().limit(1);
+    let served = |kind: &str, e: kube::Error| {
+        Error::Config(format!(
+            "--mcs: the local cluster does not serve {kind} (multicluster.x-k8s.io/v1beta1): {e}; install the MCS API's CRDs (the chart's mcs.enabled=true does)"
+        ))
+    };
+    kube::Api::<ServiceExport>::all(local.clone())
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| served("ServiceExports", e))?;
+    kube::Api::<ServiceImport>::all(local.clone())
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| served("ServiceImports", e))?;
+    if !mcs.source.fallback.is_empty() {
+        return Ok(());
+    }
+    // read as the watch reads it (list with a field selector: the RBAC grants list and watch)
+    let lp =
+        kube::api::ListParams::default().fields(&format!("metadata.name={CLUSTER_ID_PROPERTY}"));
+    let property = kube::Api::<ClusterProperty>::all(local.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items.into_iter().next());
+    match property {
+        Ok(Some(p)) if crate::desired::mcs::is_cluster_name(&p.spec.value) => Ok(()),
+        _ => Err(Error::Config(
+            "--mcs needs this cluster's name: a ClusterProperty cluster.clusterset.k8s.io (about.k8s.io/v1alpha1) with a valid value, or --local-cluster-name".into(),
+        )),
+    }
 }
 
 /// Starts one cluster's watches as an MCS source: its exports (which start and stop the
@@ -52,7 +90,7 @@ pub fn source(sup: &Supervisor, ctl: &Arc<Controller>, src: Source) {
             ctl.mcs_changed(&src.cluster.label, keys);
         }
     };
-    let m = &ctl.ctx.metrics;
+    let m = ctl.metrics();
     let into: super::Target<McsCluster, ServiceExport> = (Arc::clone(&src.cluster), |c| &c.exports);
     let on_listed: super::Listed = {
         let ctl = Arc::clone(ctl);
@@ -110,7 +148,7 @@ fn watch_namespace(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>, n
             ctl.mcs_changed(&cluster.label, cluster.exported_in(&ns));
         }))
     };
-    let (c, t, m) = (&src.client, src.timeout, &ctl.ctx.metrics);
+    let (c, t, m) = (&src.client, src.timeout, ctl.metrics());
     let sel = mcs::source_selector();
     let services = spec::<Service>(c, &scope, t, sel.clone(), &label, what("Services"));
     let into: super::Target<McsNamespace, Service> = (Arc::clone(&n), |n| &n.services);
@@ -256,7 +294,7 @@ pub fn destination(
         move |keys| ctl.enqueue_mcs(keys)
     };
     let what = |kind: &str| format!("local MCS {kind}");
-    let (m, ns) = (&ctl.ctx.metrics, &ctl.ctx.namespaces[..]);
+    let (m, ns) = (ctl.metrics(), ctl.namespaces());
     let stop = &sup.child_token();
     let s = || Arc::clone(mcs);
     let imports = spec::<mcs::ServiceImport>(
@@ -264,7 +302,7 @@ pub fn destination(
         ns,
         timeout,
         mcs::import_selector(),
-        "local",
+        LOCAL,
         what("ServiceImports"),
     );
     spawn(sup, m, stop, imports, (s(), |s| &s.imports), on_change());
@@ -273,7 +311,7 @@ pub fn destination(
         ns,
         timeout,
         mcs::derived_selector(),
-        "local",
+        LOCAL,
         what("derived Services"),
     );
     spawn(sup, m, stop, derived, (s(), |s| &s.derived), on_change());
@@ -282,7 +320,7 @@ pub fn destination(
         ns,
         timeout,
         mcs::slice_selector(),
-        "local",
+        LOCAL,
         what("EndpointSlices"),
     );
     spawn(sup, m, stop, slices, (s(), |s| &s.slices), on_change());

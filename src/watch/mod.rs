@@ -72,7 +72,7 @@ pub struct Spec<K> {
     pub timeout: u32,
     /// "remote east Services": for logs
     pub what: String,
-    /// "local" or the remote's name, and the kind: for the request counter
+    /// `state::LOCAL` or the remote's name, and the kind: for the request counter
     pub cluster: String,
 }
 

@@ -70,7 +70,7 @@ fn follow<K>(
     sup.spawn_until_shutdown(name, async move {
         let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
         while let Some(event) = stream.next().await {
-            let networks = &ctl.ctx.local.networks;
+            let networks = &ctl.local().networks;
             let was_ready = networks.ready();
             let changed = match event {
                 Ok(Event::Init) => {
@@ -88,7 +88,7 @@ fn follow<K>(
                     );
                     networks.listed(part);
                     if networks.ready() {
-                        requeue_everything(&ctl);
+                        ctl.enqueue_everything();
                     }
                     std::future::pending::<bool>().await
                 }
@@ -103,23 +103,10 @@ fn follow<K>(
             if networks.ready() && (changed || !was_ready) {
                 let (addresses, nets) = networks.current().size();
                 info!(addresses, nets, "local networks listed or changed; passing every key again");
-                requeue_everything(&ctl);
+                ctl.enqueue_everything();
             }
         }
     });
-}
-
-/// Every key of every remote, every local follower, every MCS import.
-fn requeue_everything(ctl: &Controller) {
-    for s in ctl.ctx.remotes.states() {
-        let keys: Vec<_> = s.services.read().keys().cloned().collect();
-        ctl.enqueue(keys);
-    }
-    let followers: Vec<_> = ctl.ctx.local.services.read().keys().cloned().collect();
-    ctl.enqueue(followers);
-    if ctl.ctx.mcs.is_some() {
-        ctl.enqueue_all_mcs();
-    }
 }
 
 fn not_served(e: &watcher::Error) -> bool {

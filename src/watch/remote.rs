@@ -40,7 +40,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, member: &Member, timeout: 
     let what = |kind: &str| format!("remote {name} {kind}");
     let exported = state.opts.export_selector();
     let foreign = state.opts.foreign_slice_selector();
-    let m = &ctl.ctx.metrics;
+    let m = ctl.metrics();
     let s = || Arc::clone(state);
     let guard = || Some(Arc::clone(state) as Arc<dyn Guard>);
     let services = spec::<Service>(c, ns, timeout, exported.clone(), name, what("Services"));

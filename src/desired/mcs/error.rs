@@ -2,7 +2,9 @@
 //! that a later pass with the same inputs would meet again.
 
 /// The one error type of `desired::mcs`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
+)]
 pub enum McsError {
     /// A cluster name that cannot be a label value and a DNS name (see `is_cluster_name`).
     #[error("cluster name {0:?} is not a lowercase RFC 1123 name of at most 63 characters")]
@@ -23,21 +25,11 @@ pub enum McsError {
 }
 
 impl McsError {
-    /// Every reason [`McsError::reason`] returns.
-    pub const REASONS: [&'static str; 4] = [
-        "InvalidClusterName",
-        "DuplicateCluster",
-        "OtherKey",
-        "NoLocalExport",
-    ];
+    /// Every reason [`McsError::reason`] returns: the variants' names.
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
 
-    /// Short CamelCase reason, usable as an Event reason and a metric label.
+    /// Short CamelCase reason, usable as an Event reason and a metric label: the variant's name.
     pub fn reason(&self) -> &'static str {
-        match self {
-            McsError::InvalidClusterName(_) => "InvalidClusterName",
-            McsError::DuplicateCluster(_) => "DuplicateCluster",
-            McsError::OtherKey { .. } => "OtherKey",
-            McsError::NoLocalExport(_) => "NoLocalExport",
-        }
+        self.into()
     }
 }
