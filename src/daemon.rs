@@ -70,6 +70,7 @@ pub async fn run(config: Config) -> Result<()> {
     crate::watch::local::followers(&sup, &ctl, local, timeout);
     crate::watch::local::namespaces(&sup, &ctl, local, timeout);
     crate::watch::networks::start(&sup, &ctl, local, timeout);
+    sup.spawn_until_shutdown("work queue delays", Arc::clone(&queue).delays());
     let workers: Vec<_> = (0..config.workers)
         .map(|i| sup.spawn(format!("worker {i}"), worker::run(Arc::clone(&ctl))))
         .collect();
@@ -79,7 +80,7 @@ pub async fn run(config: Config) -> Result<()> {
         remotes::secrets::spawn(&sup, &ctl, &clients, &sweep_now, settings).await;
     }
     remote_tasks(&sup, &ctl, &clients, &config);
-    let mut scheduler = schedule::start(&config.sweep_cron, &sweep_now).await?;
+    let schedule = schedule::spawn(&sup, &config.sweep_cron, &sweep_now).await?;
     sweep::spawn(&sup, &ctl, &sweep_now, config.sweep.clone());
     resync::on_gain(&sup, &ctl, &sweep_now);
     resync::mcs_on_gain(&sup, &ctl);
@@ -96,7 +97,7 @@ pub async fn run(config: Config) -> Result<()> {
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
     }
-    let _ = scheduler.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), schedule).await;
     let _ = tokio::time::timeout(Duration::from_secs(6), lease_task).await;
     match sup.failure() {
         Some(why) => Err(Error::TaskEnded(why)),

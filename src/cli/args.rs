@@ -258,8 +258,12 @@ impl Args {
                 ));
             }
         };
-        expr.parse::<croner::Cron>()
-            .map_err(|e| format!("--sweep-schedule {:?}: {e}", self.sweep_schedule))?;
+        if !crate::runtime::schedule::check(&expr) {
+            return Err(format!(
+                "--sweep-schedule {:?}: not a cron schedule (sec min hour day month weekday, or the classic five without seconds)",
+                self.sweep_schedule
+            ));
+        }
         Ok(expr)
     }
 

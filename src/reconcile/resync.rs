@@ -1,14 +1,17 @@
 //! Full passes: when this replica gains the Lease (sweep, then every exported Service of each
 //! remote once its caches are complete), and when a remote joins a running leader.
+//!
+//! Nothing here polls: each wait is on the readiness of the caches it needs ([`Signals`]) and on
+//! the Lease's publications, and judges its condition again at each change.
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tracing::info;
 
 use super::worker::Controller;
+use crate::runtime::lease::Leadership;
 use crate::runtime::supervisor::Supervisor;
-use crate::state::{GroupKey, RemoteState};
+use crate::state::{GroupKey, RemoteState, Signals};
 
 /// Queues every exported Service of a remote, and every local follower (one this remote's listing may
 /// now prove gone), if it and the local caches have completed a listing (and this replica
@@ -23,6 +26,36 @@ pub fn when_ready(ctl: &Controller, s: &RemoteState) -> bool {
     ctl.enqueue(keys);
     ctl.enqueue(followers);
     true
+}
+
+/// Waits for a change that may let a condition pass: one of `signals`, or a publication of the
+/// Lease (a gain, a renewal, a loss; an election that ended returns at once, and is no longer
+/// the leader).
+async fn next_change(signals: &mut Signals, leader: &mut Leadership) {
+    tokio::select! {
+        _ = signals.changed() => {}
+        _ = leader.changed() => {}
+    }
+}
+
+/// What [`when_ready`] for these remotes rests on: the local caches and theirs.
+fn readiness(ctl: &Controller, remotes: &[Arc<RemoteState>]) -> Signals {
+    let mut signals = ctl.ctx.local.readiness();
+    for s in remotes {
+        signals.extend(s.readiness());
+    }
+    signals
+}
+
+/// A remote that joined: [`when_ready`] once its caches and the local ones are complete, while
+/// this replica leads (a standby has nothing to do: its next leadership gain reconciles every
+/// remote).
+pub async fn when_joined(ctl: &Controller, s: &Arc<RemoteState>) {
+    let mut leader = ctl.leader.clone();
+    let mut signals = readiness(ctl, std::slice::from_ref(s));
+    while ctl.leader.is_leader() && !when_ready(ctl, s) {
+        next_change(&mut signals, &mut leader).await;
+    }
 }
 
 /// With `--mcs`, on every leadership gain: every MCS key once the local MCS caches are complete
@@ -40,8 +73,11 @@ pub fn mcs_on_gain(sup: &Supervisor, ctl: &Arc<Controller>) {
         loop {
             let leading = leader.is_leader();
             if leading && !was_leader {
+                // its own view of the Lease: `leader` still sees every publication after this
+                let mut watching = ctl.leader.clone();
+                let mut signals = mcs.readiness();
                 while ctl.leader.is_leader() && !mcs.ready() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    next_change(&mut signals, &mut watching).await;
                 }
                 if ctl.leader.is_leader() {
                     info!("MCS caches synced; reconciling every export and import");
@@ -76,16 +112,7 @@ pub fn on_gain(sup: &Supervisor, ctl: &Arc<Controller>, sweep_now: &Arc<Notify>)
                 sweep_now.notify_one();
             }
             if gained || redo {
-                let mut pending = ctl.ctx.remotes.states();
-                while !pending.is_empty() && ctl.leader.is_leader() {
-                    // keys dropped meanwhile (by a remote that stays unready, say) are not held
-                    // back: every remote already passed is passed again
-                    if ctl.take_dropped() {
-                        pending = ctl.ctx.remotes.states();
-                    }
-                    pending.retain(|s| !when_ready(&ctl, s));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                pass_every_remote(&ctl).await;
             }
             if leader.changed().await.is_err() {
                 // the election ended: the supervisor reports it; nothing to resync meanwhile
@@ -93,4 +120,66 @@ pub fn on_gain(sup: &Supervisor, ctl: &Arc<Controller>, sweep_now: &Arc<Notify>)
             }
         }
     });
+}
+
+/// Passes every remote once its caches (and the local ones) are complete, while this replica
+/// leads; a broken remote does not hold the others back.
+async fn pass_every_remote(ctl: &Controller) {
+    let mut pending = ctl.ctx.remotes.states();
+    let mut signals = readiness(ctl, &pending);
+    // its own view of the Lease: the caller's still sees every publication after this
+    let mut leader = ctl.leader.clone();
+    while !pending.is_empty() && ctl.leader.is_leader() {
+        // keys dropped meanwhile (by a remote that stays unready, say) are not held back:
+        // every remote already passed is passed again
+        if ctl.take_dropped() {
+            pending = ctl.ctx.remotes.states();
+            signals = readiness(ctl, &pending);
+        }
+        pending.retain(|s| !when_ready(ctl, s));
+        if !pending.is_empty() {
+            next_change(&mut signals, &mut leader).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, loaded};
+    use crate::runtime::queue::WorkQueue;
+    use k8s_openapi::api::core::v1::Service;
+
+    fn exported(name: &str) -> Service {
+        fixtures::obj(serde_json::json!({"metadata": {
+            "namespace": "shop", "name": name, "resourceVersion": "1",
+            "labels": {crate::desired::DEFAULT_LABEL_KEY: "true"},
+        }}))
+    }
+
+    #[tokio::test]
+    async fn a_joined_remote_is_passed_once_its_caches_complete_and_not_before() {
+        let (client, _api) = fixtures::client("local");
+        let (_tx, leadership) = fixtures::leadership(true);
+        let remote = Arc::new(RemoteState::new(fixtures::REMOTE, fixtures::opts(), vec![]));
+        let local = Arc::new(crate::state::LocalState::default().networks_listed());
+        let ctx = fixtures::ctx(client, leadership.clone(), vec![Arc::clone(&remote)], local);
+        let ctl = Arc::new(Controller::new(Arc::new(ctx), WorkQueue::new(), leadership));
+        let (c, r) = (Arc::clone(&ctl), Arc::clone(&remote));
+        let waiting = tokio::spawn(async move { when_joined(&c, &r).await });
+        tokio::task::yield_now().await;
+        loaded(&ctl.ctx.local.services, []);
+        loaded(&ctl.ctx.local.slices, []);
+        loaded(&ctl.ctx.local.endpoints, []);
+        loaded(&remote.services, [exported("web")]);
+        loaded(&remote.slices, []);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "one remote cache still unlisted");
+        assert!(ctl.queue.is_empty());
+        loaded(&remote.foreign_slices, []);
+        fixtures::within("the first pass once every cache is listed", waiting)
+            .await
+            .unwrap();
+        assert_eq!(ctl.queue.len(), 1, "its one exported Service");
+    }
 }

@@ -76,10 +76,7 @@ pub fn join(
     let (ctl, state) = (Arc::clone(ctl), Arc::clone(&member.state));
     let name = format!("remote {} first pass", remote.name);
     sup.spawn_until(name, member.cancel.clone(), async move {
-        // a standby has nothing to do: its next leadership gain reconciles every remote
-        while ctl.leader.is_leader() && !resync::when_ready(&ctl, &state) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        resync::when_joined(&ctl, &state).await;
         std::future::pending::<()>().await
     });
     member

@@ -135,9 +135,8 @@ impl Source {
     /// Follows the Secrets until shutdown.
     pub async fn run(mut self) {
         // the local followers say which cluster each remote name was: listed first
-        while !self.ctl.ctx.local.ready() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let local = std::sync::Arc::clone(&self.ctl.ctx.local);
+        local.readiness().until(|| local.ready()).await;
         let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.from.namespace);
         let cfg = watcher::Config::default()
             .labels(&self.from.selector)

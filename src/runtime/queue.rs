@@ -1,13 +1,21 @@
 //! A work queue of keys: a key waits at most once (bursts collapse into one pass), is never
 //! handed to two workers at once, and a key that changes while being processed runs again after.
-use std::collections::{HashSet, VecDeque};
+//!
+//! A key added after a delay (a retry's back-off) waits in the queue's own `DelayQueue`, not in
+//! a task of its own: one task ([`WorkQueue::delays`], supervised) moves each key into the queue
+//! when its delay has passed. A key waits there at most once, by the earliest of its delays.
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::poll_fn;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::task::Poll;
 
 use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::time::{DelayQueue, delay_queue};
 
 struct State<K> {
     queue: VecDeque<K>,
@@ -15,6 +23,10 @@ struct State<K> {
     processing: HashSet<K>,
     /// changed while processing: re-queued when done
     dirty: HashSet<K>,
+    /// keys added after a delay, until it passes
+    delayed: DelayQueue<K>,
+    /// each delayed key's entry in `delayed`
+    waiting: HashMap<K, delay_queue::Key>,
     closed: bool,
 }
 
@@ -31,6 +43,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 queued: HashSet::new(),
                 processing: HashSet::new(),
                 dirty: HashSet::new(),
+                delayed: DelayQueue::new(),
+                waiting: HashMap::new(),
                 closed: false,
             }),
             notify: Notify::new(),
@@ -58,13 +72,49 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         }
     }
 
-    /// Adds the key after a delay (back-off on error).
-    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
-        let q = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            q.add(key);
-        });
+    /// Adds the key after a delay (back-off on error). A key already waiting keeps the earlier
+    /// of its two delays; [`WorkQueue::delays`] moves it into the queue when it has passed.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        let when = Instant::now() + delay;
+        let mut s = self.lock();
+        if s.closed {
+            return;
+        }
+        match s.waiting.get(&key).copied() {
+            Some(entry) if s.delayed.deadline(&entry) <= when => {}
+            Some(entry) => s.delayed.reset_at(&entry, when),
+            None => {
+                let entry = s.delayed.insert_at(key.clone(), when);
+                s.waiting.insert(key, entry);
+            }
+        }
+    }
+
+    /// Moves each delayed key into the queue once its delay has passed; runs until dropped
+    /// (under the supervisor, beside the workers). The only task that polls the delays: a key
+    /// added with an earlier deadline wakes it.
+    pub async fn delays(self: Arc<Self>) {
+        loop {
+            let key = poll_fn(|cx| {
+                let mut s = self.lock();
+                match s.delayed.poll_expired(cx) {
+                    Poll::Ready(Some(expired)) => {
+                        let key = expired.into_inner();
+                        s.waiting.remove(&key);
+                        Poll::Ready(key)
+                    }
+                    // none waiting: the waker is kept, and the next insert wakes it
+                    Poll::Ready(None) | Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            self.add(key);
+        }
+    }
+
+    /// Keys waiting for their delay to pass.
+    pub fn delayed(&self) -> usize {
+        self.lock().waiting.len()
     }
 
     /// The next key to process, or None once the queue is closed and drained.
@@ -155,6 +205,50 @@ mod tests {
         q.add(2);
         assert_eq!(q.next().await, Some(1));
         assert_eq!(q.next().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delayed_key_comes_back_once_after_its_earliest_delay() {
+        let q = WorkQueue::new();
+        tokio::spawn(Arc::clone(&q).delays());
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(2)); // earlier: it wins
+        q.add_after("a", Duration::from_secs(30)); // later: ignored
+        assert_eq!(q.delayed(), 1, "waits once");
+        assert!(q.is_empty(), "not before its delay");
+        let start = Instant::now();
+        assert_eq!(q.next().await, Some("a"));
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        q.done(&"a");
+        assert_eq!(
+            q.delayed(),
+            0,
+            "the later delays were folded into the first"
+        );
+        tokio::time::advance(Duration::from_secs(60)).await; // past every deadline given
+        tokio::task::yield_now().await;
+        assert!(q.is_empty(), "it came back once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_keys_come_back_in_deadline_order_and_collapse_with_queued_ones() {
+        let q = WorkQueue::new();
+        tokio::spawn(Arc::clone(&q).delays());
+        q.add_after("late", Duration::from_secs(5));
+        q.add_after("soon", Duration::from_secs(1));
+        q.add("soon");
+        assert_eq!(q.next().await, Some("soon"));
+        q.done(&"soon");
+        assert_eq!(q.next().await, Some("soon"), "its retry still comes");
+        q.done(&"soon");
+        assert_eq!(q.next().await, Some("late"));
+        q.close();
+        q.add_after("after close", Duration::from_secs(1));
+        assert_eq!(q.delayed(), 0, "a closed queue takes nothing");
     }
 
     #[tokio::test]

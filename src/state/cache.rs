@@ -18,7 +18,9 @@ use kube::api::ObjectMeta;
 use kube::runtime::watcher::Event;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 
+use super::ready::Flag;
 use crate::desired::SERVICE_NAME_LABEL;
 
 /// (namespace, service name)
@@ -325,7 +327,8 @@ pub struct Held {
 pub struct Cache<K> {
     store: Store,
     relist: Option<Store>,
-    ready: bool,
+    /// set by the first complete listing, cleared when evicted: awaited through [`Cache::readiness`]
+    ready: Flag,
     how: Keeping<K>,
     /// when the last complete listing was applied
     last_list: Option<Instant>,
@@ -358,7 +361,7 @@ impl<K: Resource> Cache<K> {
         Self {
             store: Store::new(),
             relist: None,
-            ready: false,
+            ready: Flag::default(),
             how: Keeping {
                 group_of,
                 weigh: |_| 0,
@@ -396,13 +399,18 @@ impl<K: Resource> Cache<K> {
     pub fn evict(&mut self, why: String) {
         self.store = Store::new();
         self.relist = None;
-        self.ready = false;
+        self.ready.set(false);
         self.error = Some(why);
     }
 
     /// True once a first complete listing has been applied.
     pub fn ready(&self) -> bool {
-        self.ready
+        self.ready.get()
+    }
+
+    /// Follows [`Cache::ready`]: what a task that needs this cache listed waits on.
+    pub fn readiness(&self) -> watch::Receiver<bool> {
+        self.ready.watch()
     }
 
     /// Records that the watch is failing (the cached view stays as it was).
@@ -423,7 +431,7 @@ impl<K: Resource> Cache<K> {
     /// None when its watch is listed and not failing; otherwise why not (for /readyz), the
     /// objects it holds called `what`.
     pub fn problem(&self, what: &str) -> Option<String> {
-        match (self.ready, self.error()) {
+        match (self.ready(), self.error()) {
             (_, Some(e)) => Some(format!("watch of {what} failing: {e}")),
             (false, None) => Some(format!("first listing of {what} not complete")),
             (true, None) => None,
@@ -474,7 +482,7 @@ impl<K: Resource + Serialize + DeserializeOwned> Cache<K> {
                     return Vec::new();
                 };
                 let old = std::mem::replace(&mut self.store, new);
-                self.ready = true;
+                self.ready.set(true);
                 self.last_list = Some(Instant::now());
                 self.error = None;
                 changed_groups(&old.groups, &self.store.groups)

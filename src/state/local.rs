@@ -5,6 +5,7 @@ use parking_lot::RwLock;
 
 use super::cache::{Cache, by_name, by_service_label};
 use super::networks::Networks;
+use super::ready::Signals;
 
 /// Our followers in the local cluster (everything labelled `<key>=follower`).
 pub struct LocalState {
@@ -35,6 +36,16 @@ impl LocalState {
     /// pass decides nothing (it could not tell a local address from a remote's).
     pub fn ready(&self) -> bool {
         self.followers_ready() && self.networks.ready()
+    }
+
+    /// What [`LocalState::ready`] rests on: a waiter wakes at each change of one of them.
+    pub fn readiness(&self) -> Signals {
+        Signals::new([
+            self.services.read().readiness(),
+            self.slices.read().readiness(),
+            self.endpoints.read().readiness(),
+            self.networks.readiness(),
+        ])
     }
 
     /// Whether the caches of our followers have completed a listing (the networks aside).

@@ -13,9 +13,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use parking_lot::RwLock;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{Cache, CacheError, GroupKey, by_name, by_service_label};
+use super::ready::{Flag, Signals};
 use crate::desired::mcs::{
     Claim, Grant, Holders, Identity, MCS_SERVICE_NAME_LABEL, ServiceExport, ServiceImport,
 };
@@ -69,6 +71,8 @@ pub struct McsCluster {
     missing_right: RwLock<Option<String>>,
     /// the name it may go by (see [`McsLocal::settle`])
     grant: RwLock<Grant>,
+    /// set while it is granted a name
+    named: Flag,
     pub exports: RwLock<Cache<ServiceExport>>,
     pub namespaces: RwLock<BTreeMap<String, Arc<McsNamespace>>>,
     /// names it was granted earlier in this process's life: slices labelled with one are
@@ -99,6 +103,7 @@ impl McsCluster {
             property: RwLock::new(Property::Unread),
             missing_right: RwLock::default(),
             grant: RwLock::new(Grant::Pending),
+            named: Flag::default(),
             exports: RwLock::new(Cache::new(by_name::<ServiceExport>).lean(|_| 0)),
             namespaces: RwLock::default(),
             former: RwLock::default(),
@@ -149,7 +154,9 @@ impl McsCluster {
     /// Records what it may go by; true when that changed. A name it no longer goes by is
     /// remembered in `former`.
     fn set_grant(&self, g: Grant) -> bool {
+        let named = g.name().is_some();
         let before = std::mem::replace(&mut *self.grant.write(), g.clone());
+        self.named.set(named);
         if let Some(b) = before.name()
             && g.name() != Some(b)
         {
@@ -164,6 +171,11 @@ impl McsCluster {
     /// Its name is known and its exports have been listed.
     pub fn ready(&self) -> bool {
         self.exports.read().ready() && self.name().is_some()
+    }
+
+    /// What [`McsCluster::ready`] rests on: its exports' listing and its name's grant.
+    pub fn readiness(&self) -> Vec<watch::Receiver<bool>> {
+        vec![self.exports.read().readiness(), self.named.watch()]
     }
 
     /// What it says about one namespace/name.
@@ -324,6 +336,17 @@ impl McsLocal {
             && self.derived.read().ready()
             && self.slices.read().ready()
             && self.source.ready()
+    }
+
+    /// What [`McsLocal::ready`] rests on.
+    pub fn readiness(&self) -> Signals {
+        let mut signals = Signals::new([
+            self.imports.read().readiness(),
+            self.derived.read().readiness(),
+            self.slices.read().readiness(),
+        ]);
+        signals.extend(self.source.readiness());
+        signals
     }
 }
 

@@ -4,6 +4,7 @@ pub mod cache;
 pub mod local;
 pub mod mcs;
 pub mod networks;
+pub mod ready;
 pub mod remote;
 pub mod remotes;
 
@@ -17,5 +18,6 @@ pub use cache::{Cache, CacheError, GroupKey};
 pub use local::LocalState;
 pub use mcs::{McsCluster, McsLocal, McsNamespace, McsView, Property};
 pub use networks::Networks;
+pub use ready::{Flag, Signals};
 pub use remote::{Credential, RemoteState};
 pub use remotes::{Member, Origin, Remotes};

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use parking_lot::RwLock;
+use tokio::sync::watch;
 
+use super::ready::Flag;
 use crate::desired::addresses::{LocalNetworks, Refusal};
 
 /// One source of local networks.
@@ -55,6 +57,8 @@ pub struct Networks {
     configured: Vec<IpNet>,
     parts: RwLock<BTreeMap<Part, Listing>>,
     current: RwLock<Arc<LocalNetworks>>,
+    /// set once every part has been listed
+    ready: Flag,
 }
 
 impl Networks {
@@ -65,6 +69,7 @@ impl Networks {
             configured,
             parts: RwLock::new(parts),
             current: RwLock::new(Arc::default()),
+            ready: Flag::default(),
         };
         n.rebuild();
         n
@@ -73,6 +78,11 @@ impl Networks {
     /// Whether every part has been listed once.
     pub fn ready(&self) -> bool {
         self.parts.read().values().all(|l| l.listed)
+    }
+
+    /// Follows [`Networks::ready`].
+    pub fn readiness(&self) -> watch::Receiver<bool> {
+        self.ready.watch()
     }
 
     /// Why not ready (None when ready).
@@ -143,6 +153,7 @@ impl Networks {
             l.listed = true;
             l.problem = None;
         }
+        self.ready.set(self.ready());
         self.rebuild()
     }
 

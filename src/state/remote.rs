@@ -159,6 +159,15 @@ impl RemoteState {
             && self.foreign_slices.read().ready()
     }
 
+    /// What [`RemoteState::ready`] rests on.
+    pub fn readiness(&self) -> Vec<tokio::sync::watch::Receiver<bool>> {
+        vec![
+            self.services.read().readiness(),
+            self.slices.read().readiness(),
+            self.foreign_slices.read().readiness(),
+        ]
+    }
+
     /// Every remote slice of one Service, from both slice watches (a slice is in at most one of
     /// them, except briefly while its labels change: then it is counted once).
     pub fn slices_of(&self, g: &GroupKey) -> Result<Vec<Arc<EndpointSlice>>, CacheError> {

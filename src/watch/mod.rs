@@ -3,10 +3,12 @@
 //! event or a bookmark). Only 410 Gone (the resume point was compacted away, or a list's
 //! continue token expired) starts over with a full listing.
 //!
-//! Why not kube-runtime's `watcher`: it does not tell its caller when a resumed watch is
-//! established, so a remote that recovered without changes would stay "failing" on /readyz; here
-//! a watch the server accepts clears the failure at once, and a watch start refused with 410
-//! relists (see docs/architecture.md, "Libraries we evaluated").
+//! Why not kube-runtime's `watcher` for the caches: it does not tell its caller when a resumed
+//! watch is established, so a remote that recovered without changes would stay "failing" on
+//! /readyz; here a watch the server accepts clears the failure at once, and a watch start
+//! refused with 410 relists. It also cannot be held or restarted from scratch by a remote's
+//! budget ([`Guard`]), nor count its requests. The streams that fill no cache use `watcher`
+//! (see docs/architecture.md, "Waiting, retrying, watching").
 pub mod local;
 pub mod mcs;
 pub mod networks;
