@@ -573,6 +573,8 @@ async fn with_mcs_the_charts_identities_import_both_ways() {
     for d in &daemons {
         // no write refused for want of a right, and every listing done (a forbidden list or
         // watch would keep a remote, or the MCS caches, from /readyz's 200)
+        // (a family with no series yet is not on the page: none is no 403; the counting itself
+        // is src/reconcile/writer.rs's a_refused_or_unanswered_write_is_counted_by_its_code)
         let forbidden = support::metrics::series_sum(
             &d.metrics(),
             "xcc_write_errors_total",

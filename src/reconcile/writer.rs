@@ -479,6 +479,35 @@ mod tests {
         assert!(matches!(read, Err(Error::Timeout(_))));
     }
 
+    fn errors(w: &Writer, verb: &str, code: &str) -> u64 {
+        w.metrics
+            .write_errors
+            .get_or_create(&ByKindVerbCode::new("Service", verb, code))
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_refused_or_unanswered_write_is_counted_by_its_code() {
+        let (w, api, _lease) = writer(true, false);
+        let w = w.with_deadline(std::time::Duration::from_millis(200));
+        let forbidden = run(&[&api], w.create(&web(None)), async {
+            api.expect(fixtures::post(SERVICES), fixtures::status(403, "Forbidden"))
+                .await;
+        })
+        .await;
+        assert!(forbidden.is_err());
+        let unanswered = run(&[&api], w.create(&web(None)), async {
+            api.expect_hang(fixtures::post(SERVICES)).await;
+        })
+        .await;
+        assert!(matches!(unanswered, Err(Error::Timeout(_))));
+        assert_eq!(
+            (errors(&w, "create", "403"), errors(&w, "create", "timeout")),
+            (1, 1)
+        );
+        assert_eq!(writes(&w, "create"), 0, "neither was written");
+    }
+
     const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/shop/leases";
     const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/shop/leases/h";
     const NAMESPACES: &str = "/api/v1/namespaces";
