@@ -12,7 +12,7 @@ use cross_cluster_controller::desired::{
     SKIP_MIRROR_LABEL,
 };
 use cross_cluster_controller::runtime::metrics::{
-    ByRemote, ByRemoteTo, ByWatch, Metrics, RemoteReading,
+    ByKindVerbCode, ByRemote, ByRemoteTo, ByWatch, Metrics, RemoteReading,
 };
 use cross_cluster_controller::runtime::series::REMOTE_GAUGES;
 
@@ -82,6 +82,8 @@ fn every_family() -> Metrics {
     m.remote_stale_transitions.get_or_create(&to).inc();
     let request = ByWatch::new("REMOTE", "Service", "list");
     m.watch_requests.get_or_create(&request).inc();
+    let refused = ByKindVerbCode::new("Service", "create", "403");
+    m.write_errors.get_or_create(&refused).inc();
     m
 }
 
