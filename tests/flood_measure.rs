@@ -110,13 +110,14 @@ async fn measure_a_flood_beside_an_honest_remote() {
     let settle = std::env::var("XCC_FLOOD_SETTLE_S").map_or(1200, |v| v.parse().unwrap());
     let deadline = Instant::now() + Duration::from_secs(settle);
     let flooded = loop {
-        let (_, body) = d.readyz().unwrap_or_default();
+        // a failed read is a failed measurement, never a figure of 0
+        let (_, body) = d.readyz().expect("/readyz");
         let east_line = body
             .lines()
             .find(|l| l.starts_with("remote east:"))
             .unwrap_or("")
             .to_string();
-        let c = count("flood-").await.unwrap_or(0);
+        let c = count("flood-").await.expect("count east's followers");
         let settled =
             c == n || east_line.contains("over budget") || east_line.contains("larger than");
         if settled || Instant::now() > deadline {

@@ -172,8 +172,10 @@ pub fn family_total(text: &str, name: &str) -> Result<f64, String> {
 
 /// The sum of every series of `name` whose labels include each of `having`; 0 when there is
 /// none, the family included (prometheus-client publishes a labelled family only once it has a
-/// series: for a counter of failures, none is the point).
+/// series: for a counter of failures, none is the point). The page must be the daemon's (it
+/// publishes `xcc_build_info`): any other page panics, never reads as 0.
 pub fn series_sum(text: &str, name: &str, having: &[(&str, &str)]) -> f64 {
+    family_total(text, "xcc_build_info").unwrap_or_else(|e| panic!("{e}"));
     samples(text)
         .unwrap_or_else(|e| panic!("{e}"))
         .iter()
