@@ -132,7 +132,7 @@ fn remote_tasks(
         config.remotes.client.allow_exec.clone(),
     );
     sup.spawn_until_shutdown("remote token renewal", renewer.run());
-    gauges::publish(&ctl.ctx);
+    gauges::publish(ctl);
 }
 
 fn log_start(config: &Config, clients: &Clients, listener: &tokio::net::TcpListener) {

@@ -45,6 +45,11 @@ NODE_PAUSE_IMAGE=testbed.invalid/pause:1
 node_dir() { if [ "${2:-1}" = 1 ]; then echo "$dir/$1/node"; else echo "$dir/$1/node-$2"; fi; }
 node_name() { if [ "${2:-1}" = 1 ]; then echo "$1-node"; else echo "$1-node-$2"; fi; }
 node_ip() { echo "127.0.0.${2:-1}"; }
+# node_zone CLUSTER [I]: node I's zone, given at registration (the kubelet's --node-labels; a
+# zone relabelled on a running node crashed kube-controller-manager 1.34.4's node lifecycle
+# controller here): one zone per node, <cluster>-a, <cluster>-b, ..., in the region <cluster>,
+# so no two clusters share a zone
+node_zone() { local letters=abcdefghi; echo "$1-${letters:$((${2:-1} - 1)):1}"; }
 # part_of_node BASE I: the name `testbed/bed kill` knows a part of node I by (kubelet, kubelet-2, ...)
 part_of_node() { if [ "${2:-1}" = 1 ]; then echo "$1"; else echo "$1-$2"; fi; }
 # the cgroup parent of node I's pods (see the header)
@@ -441,6 +446,7 @@ start_node() {
     setsid nsenter --mount="$nd/mntns" -- "$bin/kubelet" --root-dir "$nd/kubelet" \
       --config "$nd/kubelet.yaml" --kubeconfig "$nd/kubelet.kubeconfig" \
       --cert-dir "$nd/kubelet/pki" --hostname-override "$(node_name "$c" "$i")" --node-ip "$(node_ip "$c" "$i")" \
+      --node-labels "topology.kubernetes.io/zone=$(node_zone "$c" "$i"),topology.kubernetes.io/region=$c" \
       >>"$nd/kubelet.log" 2>&1 </dev/null 9>&- &
     proc_record $! "$nd/kubelet.pid"
   fi

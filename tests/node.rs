@@ -361,3 +361,27 @@ async fn a_deployment_rolls_and_a_disruption_budget_guards_evictions() {
     eventually("the evicted pod gone", WAIT, || absent(&pods, &victim)).await;
     eventually("2 of 2 replicas available again", WAIT, || rolled(2)).await;
 }
+
+/// A node registers in a zone and a region of its own cluster (the kubelet's `--node-labels`),
+/// what kube-proxy's topology routing and the daemon's locality hints read.
+#[tokio::test]
+async fn a_node_registers_in_a_zone_of_its_own_cluster() {
+    node_cluster(CLUSTER).await;
+    let nodes: Api<Node> = Api::all(client(CLUSTER).await);
+    let node = nodes.get(&node_name(CLUSTER)).await.expect("the node");
+    let labels = node.labels();
+    assert_eq!(
+        labels
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str),
+        Some(format!("{CLUSTER}-a").as_str()),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels
+            .get("topology.kubernetes.io/region")
+            .map(String::as_str),
+        Some(CLUSTER),
+        "{labels:?}"
+    );
+}

@@ -323,3 +323,59 @@ fn a_metric_read_names_one_whole_series_and_fails_when_it_is_absent() {
         Ok(7.0)
     );
 }
+
+/// A controller manager that exits on its own (a crash: its pidfile stays) is noticed: `bed
+/// status` calls the cluster degraded and names it, and the next `bed up` says so with its log
+/// and starts it again (a cluster without one silently creates no pods).
+#[tokio::test]
+async fn a_controller_manager_that_died_is_noticed_and_started_again() {
+    const CLUSTER: &str = "bed-kcm";
+    support::extra_cluster(CLUSTER, "").await;
+    let dir = support::bed().await.dir.join(CLUSTER);
+    let pidfile = dir.join("kcm.pid");
+    let pid = std::fs::read_to_string(&pidfile).expect("kcm.pid");
+    let pid = pid.split_whitespace().next().expect("a pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "kill -KILL {pid}");
+    let status = eventually(
+        "bed status to call the cluster degraded",
+        Duration::from_secs(30),
+        || async {
+            let out = tokio::task::spawn_blocking(|| support::bed_cmd(&["status"]))
+                .await
+                .expect("bed task");
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("{CLUSTER} ")))
+                .unwrap_or_default()
+                .to_string();
+            if line.contains(" degraded ") {
+                Ok(line)
+            } else {
+                Err(line)
+            }
+        },
+    )
+    .await;
+    assert!(status.contains("kube-controller-manager"), "{status}");
+    let said = tokio::task::spawn_blocking(|| support::bed_cmd_stderr(&["up", CLUSTER]))
+        .await
+        .expect("bed task");
+    assert!(
+        said.contains(&format!(
+            "kube-controller-manager of '{CLUSTER}' had exited"
+        )),
+        "bed up said: {said}"
+    );
+    let out = tokio::task::spawn_blocking(|| support::bed_cmd(&["status"]))
+        .await
+        .expect("bed task");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{CLUSTER} up "))),
+        "{out}"
+    );
+}

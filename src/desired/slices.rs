@@ -294,7 +294,30 @@ type EndpointNorm = (
     (Option<bool>, Option<bool>, Option<bool>),
     Option<String>,
     Option<String>,
+    (Vec<String>, Vec<String>),
 );
+
+/// The zones and nodes an endpoint's hints name, sorted (none and empty alike).
+fn hint_names(endpoint: &Endpoint) -> (Vec<String>, Vec<String>) {
+    fn sorted<'a>(names: impl Iterator<Item = &'a String>) -> Vec<String> {
+        let mut v: Vec<String> = names.cloned().collect();
+        v.sort();
+        v
+    }
+    let hints = endpoint.hints.as_ref();
+    let zones = hints
+        .and_then(|h| h.for_zones.as_ref())
+        .into_iter()
+        .flatten();
+    let nodes = hints
+        .and_then(|h| h.for_nodes.as_ref())
+        .into_iter()
+        .flatten();
+    (
+        sorted(zones.map(|z| &z.name)),
+        sorted(nodes.map(|n| &n.name)),
+    )
+}
 
 fn normalised_endpoints(endpoints: &[Endpoint]) -> Vec<EndpointNorm> {
     let mut norm: Vec<EndpointNorm> = endpoints
@@ -305,6 +328,7 @@ fn normalised_endpoints(endpoints: &[Endpoint]) -> Vec<EndpointNorm> {
                 conditions(e),
                 e.hostname.clone(),
                 e.zone.clone(),
+                hint_names(e),
             )
         })
         .collect();

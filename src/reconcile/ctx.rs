@@ -470,34 +470,6 @@ impl Ctx {
         )
         .await;
     }
-
-    /// A local object an MCS import would write (a ServiceImport, a derived Service, an MCS
-    /// slice) that is not ours: left untouched, counted (`remote=""`), an Event.
-    pub(super) async fn mcs_conflict(
-        &self,
-        key: &Key,
-        kind: &'static str,
-        obj: ObjectReference,
-    ) -> Outcome {
-        let name = obj.name.clone().unwrap_or_default();
-        warn!(key = %key, kind, name, "conflict: a local {kind} of that name exists and is not ours; left untouched");
-        self.metrics
-            .conflicts
-            .get_or_create(&ByRemoteKind::new("", kind))
-            .inc();
-        let note = format!(
-            "{kind} {name} exists and is not ours (no app.kubernetes.io/managed-by or endpointslice.kubernetes.io/managed-by of cross-cluster-controller.fair.com): not imported, left untouched"
-        );
-        self.event(
-            EventType::Warning,
-            "NotOurImport",
-            note,
-            "Import",
-            Some(obj),
-        )
-        .await;
-        Outcome::Conflict
-    }
 }
 
 #[cfg(test)]

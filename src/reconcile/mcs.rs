@@ -17,21 +17,22 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use parking_lot::RwLock;
-use tracing::{Span, debug, field, instrument};
+use tracing::{Span, debug, field, instrument, warn};
 
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
 use super::writer::{Local, Written};
 use crate::desired::addresses::{AddressPolicy, Refused};
 use crate::desired::mcs::{
-    self, Change, ClusterExport, Grant, ServiceExport, ServiceImport, derived_name, import_is_ours,
-    slice_source_cluster,
+    self, Change, ClusterExport, Grant, Here, Localized, Preference, ServiceExport, ServiceImport,
+    derived_name, import_is_ours, slice_source_cluster,
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded};
 use crate::error::{Error, Result};
-use crate::runtime::metrics::ByOutcome;
+use crate::runtime::metrics::{ByOutcome, ByRemoteKind};
 use crate::state::{Cache, GroupKey, McsCluster, McsLocal, McsView};
 
 /// One cluster's part in a key.
@@ -329,10 +330,11 @@ async fn converge(
                 ));
             }
         };
-        let Some(imp) = imp else {
+        let Some(mut imp) = imp else {
             remove(ctx, mcs, key, snap, live_import.as_ref(), wrote).await?;
             return export_status(ctx, mcs, snap, local, &exports, None, wrote).await;
         };
+        localize(ctx, mcs, key, &mut imp, &exports, local);
         // a. the ServiceImport, b. its derived Service: a create (or recreate) answers with what
         // the next round derives from (the import's uid, the Service's ClusterIPs)
         if write_import(
@@ -433,6 +435,49 @@ async fn write_derived(
     }
 }
 
+/// The locality the import asks for, as hints on its slices (see `desired::mcs::localize`).
+fn localize(
+    ctx: &Ctx,
+    mcs: &McsLocal,
+    key: &Key,
+    imp: &mut mcs::Import,
+    exports: &[ClusterExport<'_>],
+    local: &str,
+) {
+    let asked = imp.service_import.spec.traffic_distribution.as_deref();
+    let mut preference = Preference::of(asked);
+    if preference == Preference::Node && !mcs.node_hints_kept() {
+        preference = Preference::Zone;
+    }
+    let zones = ctx.local.networks.zones();
+    let here = Here {
+        cluster: local,
+        zones: &zones,
+    };
+    if let Localized::TooManyZones(n) = mcs::localize(&mut imp.slices, preference, here, exports) {
+        debug!(key = %key, zones = n, "an endpoint would name more zones than the API server allows (8): no locality hints");
+    }
+}
+
+/// Notes an API server that dropped the node hints of a slice we sent (Kubernetes before 1.34,
+/// or its PreferSameTrafficDistribution gate off): PreferSameNode falls to zones from then on,
+/// so that no pass writes them again and again.
+fn node_hints_kept(mcs: &McsLocal, sent: &EndpointSlice, written: &EndpointSlice) {
+    let has_nodes = |s: &EndpointSlice| {
+        s.endpoints.iter().any(|e| {
+            e.hints
+                .as_ref()
+                .and_then(|h| h.for_nodes.as_ref())
+                .is_some_and(|n| !n.is_empty())
+        })
+    };
+    if has_nodes(sent) && !has_nodes(written) && mcs.node_hints_dropped() {
+        warn!(
+            "the local API server dropped the node hints of an EndpointSlice (Kubernetes before 1.34, or its PreferSameTrafficDistribution feature gate off): PreferSameNode imports prefer the same zone instead"
+        );
+    }
+}
+
 /// Our slices of the key: the desired ones written, those it no longer has deleted on proof
 /// from the cluster they carry.
 async fn slices(
@@ -458,16 +503,19 @@ async fn slices(
                 return Err(Stop::Outcome(conflict(ctx, key, "EndpointSlice", on).await));
             }
             Change::Create(obj) => {
-                create(ctx, key, &mcs.slices, &obj, wrote).await?;
+                let made = create(ctx, key, &mcs.slices, &obj, wrote).await?;
+                node_hints_kept(mcs, &obj, &made);
             }
             Change::Update(obj) => {
-                replace(ctx, &mcs.slices, &obj, wrote).await?;
+                let made = replace(ctx, &mcs.slices, &obj, wrote).await?;
+                node_hints_kept(mcs, &obj, &made);
             }
             Change::Recreate(obj) => {
                 if let Some(old) = live {
                     delete(ctx, &mcs.slices, old, "address type changed", wrote).await?;
                 }
-                create(ctx, key, &mcs.slices, &obj, wrote).await?;
+                let made = create(ctx, key, &mcs.slices, &obj, wrote).await?;
+                node_hints_kept(mcs, &obj, &made);
             }
             Change::Unchanged => {}
         }
@@ -559,14 +607,33 @@ fn from(cluster: &str) -> Recorded {
     Recorded::From(BTreeSet::from([cluster.to_string()]))
 }
 
+/// A local object an MCS import would write (a ServiceImport, a derived Service, an MCS slice)
+/// that is not ours: left untouched, counted (`remote=""`), an Event.
 async fn conflict(
     ctx: &Ctx,
     key: &Key,
     kind: &'static str,
-    on: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    on: Option<ObjectReference>,
 ) -> Outcome {
-    let on = on.unwrap_or_default();
-    ctx.mcs_conflict(key, kind, on).await
+    let obj = on.unwrap_or_default();
+    let name = obj.name.clone().unwrap_or_default();
+    warn!(key = %key, kind, name, "conflict: a local {kind} of that name exists and is not ours; left untouched");
+    ctx.metrics
+        .conflicts
+        .get_or_create(&ByRemoteKind::new("", kind))
+        .inc();
+    let note = format!(
+        "{kind} {name} exists and is not ours (no app.kubernetes.io/managed-by or endpointslice.kubernetes.io/managed-by of cross-cluster-controller.fair.com): not imported, left untouched"
+    );
+    ctx.event(
+        EventType::Warning,
+        "NotOurImport",
+        note,
+        "Import",
+        Some(obj),
+    )
+    .await;
+    Outcome::Conflict
 }
 
 /// What a create, replace or delete returned goes into the cache at once (write-through), so
@@ -636,7 +703,7 @@ async fn conflict_or_retry<K: Owned>(
         ))));
     }
     let on = live.object_ref(&());
-    Err(Stop::Outcome(ctx.mcs_conflict(key, K::KIND, on).await))
+    Err(Stop::Outcome(conflict(ctx, key, K::KIND, Some(on)).await))
 }
 
 /// A kind an import writes, and whether a live object of it is ours.

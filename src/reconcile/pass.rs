@@ -51,14 +51,14 @@ struct Snapshot {
     endpoints: Option<Arc<Endpoints>>,
 }
 
-impl Ctx {
+impl Snapshot {
     /// A cached object that cannot be read back fails the pass (retried, nothing deleted): an
     /// unreadable exported Service must never look like a missing one.
-    fn snapshot(&self, g: &crate::state::cache::GroupKey) -> Result<Snapshot> {
+    fn take(ctx: &Ctx, g: &crate::state::cache::GroupKey) -> Result<Self> {
         let mut remotes = Vec::new();
         let mut refused = Vec::new();
-        let local = self.local.networks.current();
-        for state in self.remotes.states() {
+        let local = ctx.local.networks.current();
+        for state in ctx.remotes.states() {
             let view = if !state.ready() {
                 View::Unknown
             } else {
@@ -82,16 +82,16 @@ impl Ctx {
         Ok(Snapshot {
             remotes,
             refused,
-            service: self.local.services.read().named(g)?,
-            slices: self.local.slices.read().group(g)?,
-            endpoints: self.local.endpoints.read().named(g)?,
+            service: ctx.local.services.read().named(g)?,
+            slices: ctx.local.slices.read().group(g)?,
+            endpoints: ctx.local.endpoints.read().named(g)?,
         })
     }
 
     /// What each remote proves about the key: from its cache (complete or not), or from its
     /// removal on purpose.
-    fn proof(&self, snap: &Snapshot) -> Proof {
-        let read = snap.remotes.iter().map(|(state, view)| {
+    fn proof(&self, ctx: &Ctx) -> Proof {
+        let read = self.remotes.iter().map(|(state, view)| {
             let evidence = match view {
                 View::Exports { .. } => Evidence::Exports,
                 View::Absent => Evidence::Gone,
@@ -99,7 +99,7 @@ impl Ctx {
             };
             (state.name.to_string(), evidence)
         });
-        Proof::new(read, &self.remotes.retired())
+        Proof::new(read, &ctx.remotes.retired())
     }
 }
 
@@ -153,7 +153,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     if !ctx.in_scope(&key.namespace) {
         return Ok(Outcome::Unchanged);
     }
-    let snap = ctx.snapshot(&key.group())?;
+    let snap = Snapshot::take(ctx, &key.group())?;
     Span::current().record("remote", snap.exporting().join(","));
     if ctx.opts.protected(&key.namespace) {
         return Ok(ctx.refuse_protected(key, &snap.exporting()).await);
@@ -167,7 +167,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         .service
         .as_ref()
         .map_or(Recorded::GoEra, |s| recorded(&s.metadata, &ctx.opts));
-    let mut proof = ctx.proof(&snap);
+    let mut proof = snap.proof(ctx);
     let exports: Vec<Export<'_>> = snap
         .remotes
         .iter()
@@ -217,7 +217,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
             None => Outcome::Unchanged,
         }
     } else {
-        ctx.note_conflicts(key, &merged).await;
+        note_conflicts(ctx, key, &merged).await;
         match merged.follower.take() {
             Some(mut f) => {
                 record_contributors(&mut f, &merged.contributors, ctx);
@@ -278,7 +278,7 @@ async fn leave_taken_over(
     svc: &Service,
     why: &str,
 ) -> Result<Outcome> {
-    let proof = ctx.proof(snap);
+    let proof = snap.proof(ctx);
     for s in &snap.slices {
         if proof.owns(&slice_recorded(&s.metadata, &ctx.opts)) {
             let uid = uid_of(s.as_ref())?;
@@ -379,7 +379,7 @@ async fn remove(
                 )
                 .await?;
             deleted = true;
-            ctx.forget_conflicts(key);
+            forget_conflicts(ctx, key);
         }
     }
     Ok(if deleted {
@@ -678,56 +678,54 @@ async fn apply_endpoints(
     }
 }
 
-impl Ctx {
-    /// Records the export conflicts of a key (for the gauge) and reports them: a log line when
-    /// they change, and a `ServiceConflict` Event on the follower (rate-limited).
-    async fn note_conflicts(&self, key: &Key, merged: &Merged) {
-        let now: Vec<(String, &'static str)> = merged
-            .conflicts
-            .iter()
-            .map(|c| (c.cluster.clone(), c.kind.label()))
-            .collect();
-        let before = {
-            let mut map = self.export_conflicts.lock();
-            if now.is_empty() {
-                map.remove(&key.group())
-            } else {
-                map.insert(key.group(), now.clone())
-            }
-        };
-        if merged.conflicts.is_empty() {
-            return;
+/// Records the export conflicts of a key (for the gauge) and reports them: a log line when
+/// they change, and a `ServiceConflict` Event on the follower (rate-limited).
+async fn note_conflicts(ctx: &Ctx, key: &Key, merged: &Merged) {
+    let now: Vec<(String, &'static str)> = merged
+        .conflicts
+        .iter()
+        .map(|c| (c.cluster.clone(), c.kind.label()))
+        .collect();
+    let before = {
+        let mut map = ctx.export_conflicts.lock();
+        if now.is_empty() {
+            map.remove(&key.group())
+        } else {
+            map.insert(key.group(), now.clone())
         }
-        let note = merged
-            .conflicts
-            .iter()
-            .map(|c| {
-                format!(
-                    "{}'s export conflicts with {}'s on {} ({}); the oldest exported Service wins",
-                    c.cluster,
-                    c.winner,
-                    c.kind.label(),
-                    c.detail
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        if before.as_ref() != Some(&now) {
-            warn!(key = %key, "export conflict: {note}");
-        }
-        self.event(
-            EventType::Warning,
-            "ServiceConflict",
-            note,
-            "Merge",
-            Some(service_ref(key)),
-        )
-        .await;
+    };
+    if merged.conflicts.is_empty() {
+        return;
     }
+    let note = merged
+        .conflicts
+        .iter()
+        .map(|c| {
+            format!(
+                "{}'s export conflicts with {}'s on {} ({}); the oldest exported Service wins",
+                c.cluster,
+                c.winner,
+                c.kind.label(),
+                c.detail
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if before.as_ref() != Some(&now) {
+        warn!(key = %key, "export conflict: {note}");
+    }
+    ctx.event(
+        EventType::Warning,
+        "ServiceConflict",
+        note,
+        "Merge",
+        Some(service_ref(key)),
+    )
+    .await;
+}
 
-    fn forget_conflicts(&self, key: &Key) {
-        self.export_conflicts.lock().remove(&key.group());
-    }
+fn forget_conflicts(ctx: &Ctx, key: &Key) {
+    ctx.export_conflicts.lock().remove(&key.group());
 }
 
 #[cfg(test)]

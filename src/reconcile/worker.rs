@@ -33,9 +33,9 @@ type Pending = (Instant, Arc<str>);
 pub struct Controller {
     /// per key, the first remote change seen since its last pass started
     pending_since: Mutex<HashMap<Key, Pending>>,
-    pub ctx: Arc<Ctx>,
-    pub queue: Arc<WorkQueue<Key>>,
-    pub leader: Leadership,
+    pub(super) ctx: Arc<Ctx>,
+    pub(super) queue: Arc<WorkQueue<Key>>,
+    pub(super) leader: Leadership,
     retries: Mutex<HashMap<Key, u32>>,
     /// a key was dropped unreconciled (not leader, or caches not complete): the next renewal
     /// while leading makes a full pass (a Lease that lapsed and came back without ever being
@@ -349,6 +349,11 @@ impl Controller {
 /// What the rooms above (`watch/`, `remotes/`) read of the context the workers share: through
 /// these, not through `ctx`, so what they may touch is listed here.
 impl Controller {
+    /// Whether this replica holds the Lease (only the holder writes).
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_leader()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.ctx.metrics
     }

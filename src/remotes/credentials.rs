@@ -430,7 +430,7 @@ impl Renewer {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if self.ctl.leader.is_leader() && !self.dry_run {
+            if self.ctl.is_leader() && !self.dry_run {
                 self.pass().await;
             }
         }

@@ -5,22 +5,22 @@ use std::sync::{Arc, Weak};
 
 use crate::desired::ConflictKind;
 use crate::desired::mcs::Grant;
-use crate::reconcile::ctx::Ctx;
+use crate::reconcile::worker::Controller;
 use crate::runtime::metrics::RemoteReading;
 
-/// Hands the metrics a reader of the set of remotes (it holds the context weakly: the context
-/// owns the metrics).
-pub fn publish(ctx: &Arc<Ctx>) {
-    let weak = Arc::downgrade(ctx);
-    ctx.metrics.remote_gauges.read_with(move || read(&weak));
+/// Hands the metrics a reader of the set of remotes (it holds the controller weakly: the
+/// controller owns the metrics).
+pub fn publish(ctl: &Arc<Controller>) {
+    let weak = Arc::downgrade(ctl);
+    ctl.metrics().remote_gauges.read_with(move || read(&weak));
 }
 
-fn read(ctx: &Weak<Ctx>) -> Vec<RemoteReading> {
-    let Some(ctx) = ctx.upgrade() else {
+fn read(ctl: &Weak<Controller>) -> Vec<RemoteReading> {
+    let Some(ctl) = ctl.upgrade() else {
         return Vec::new();
     };
-    let conflicts = ctx.conflict_counts();
-    let states = ctx.remotes.states();
+    let conflicts = ctl.conflict_counts();
+    let states = ctl.remotes().states();
     states
         .iter()
         .map(|s| RemoteReading {

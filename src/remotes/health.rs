@@ -230,7 +230,7 @@ impl Keeper {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if !self.ctl.leader.is_leader() {
+            if !self.ctl.is_leader() {
                 continue;
             }
             match self.sync().await {

@@ -140,7 +140,7 @@ async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) 
             (EventType::Normal, "RemoteRestored", note)
         }
     };
-    if ctl.leader.is_leader() {
+    if ctl.is_leader() {
         ctl.event(type_, reason, note, "OutagePolicy", None).await;
     }
 }

@@ -135,7 +135,7 @@ impl Source {
     /// Follows the Secrets until shutdown.
     pub async fn run(mut self) {
         // the local followers say which cluster each remote name was: listed first
-        let local = std::sync::Arc::clone(&self.ctl.ctx.local);
+        let local = std::sync::Arc::clone(self.ctl.local());
         local.readiness().until(|| local.ready()).await;
         let api: Api<Secret> = Api::namespaced(self.local.clone(), &self.from.namespace);
         let cfg = watcher::Config::default()
@@ -464,7 +464,7 @@ impl Source {
         let note = format!(
             "remote {name} left (its Secret was deleted): {followers} followers record it; what only it exported is deleted, merged followers lose its slices"
         );
-        if self.ctl.leader.is_leader() {
+        if self.ctl.is_leader() {
             let ctl = Arc::clone(&self.ctl);
             tokio::spawn(async move {
                 ctl.event(EventType::Normal, "RemoteLeft", note, "Leave", None)

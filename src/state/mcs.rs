@@ -279,6 +279,9 @@ pub struct McsLocal {
     pub imports: RwLock<Cache<ServiceImport>>,
     pub derived: RwLock<Cache<Service>>,
     pub slices: RwLock<Cache<EndpointSlice>>,
+    /// the API server dropped the node hints of a slice we wrote (its
+    /// PreferSameTrafficDistribution gate is off): none are sent again
+    node_hints_dropped: std::sync::atomic::AtomicBool,
 }
 
 impl McsLocal {
@@ -289,7 +292,22 @@ impl McsLocal {
             imports: RwLock::new(Cache::new(by_name::<ServiceImport>)),
             derived: RwLock::new(Cache::new(by_mcs_service_label::<Service>)),
             slices: RwLock::new(Cache::new(by_mcs_service_label::<EndpointSlice>)),
+            node_hints_dropped: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether node hints may be sent (the API server kept those of every slice written so far).
+    pub fn node_hints_kept(&self) -> bool {
+        !self
+            .node_hints_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A slice was sent with node hints and came back without any. True the first time.
+    pub fn node_hints_dropped(&self) -> bool {
+        !self
+            .node_hints_dropped
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// None when healthy; otherwise why not, for /readyz.

@@ -1,10 +1,12 @@
 //! The local cluster's own networks, as the local watches have seen them: its nodes' addresses
 //! and pod CIDRs, its ServiceCIDRs, its API server's endpoints, and what the operator named
 //! (`--local-cidrs`). No remote may contribute an address in them (see `desired::addresses`).
+//! The nodes also give the zones the local cluster's clients are in (see
+//! `desired::mcs::localize`).
 //!
 //! Each part is replaced whole by a complete listing and kept by watch events after it; until
 //! every part has been listed once, the set is not ready and no pass admits anything.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -40,6 +42,8 @@ impl Part {
 pub struct Entry {
     pub addresses: Vec<(IpAddr, Refusal)>,
     pub nets: Vec<(IpNet, Refusal)>,
+    /// a node's zone (`topology.kubernetes.io/zone`)
+    pub zone: Option<String>,
 }
 
 #[derive(Default)]
@@ -57,6 +61,8 @@ pub struct Networks {
     configured: Vec<IpNet>,
     parts: RwLock<BTreeMap<Part, Listing>>,
     current: RwLock<Arc<LocalNetworks>>,
+    /// the zones of the nodes
+    zones: RwLock<Arc<BTreeSet<String>>>,
     /// set once every part has been listed
     ready: Flag,
 }
@@ -69,6 +75,7 @@ impl Networks {
             configured,
             parts: RwLock::new(parts),
             current: RwLock::new(Arc::default()),
+            zones: RwLock::new(Arc::default()),
             ready: Flag::default(),
         };
         n.rebuild();
@@ -102,6 +109,11 @@ impl Networks {
     /// The networks as they are now.
     pub fn current(&self) -> Arc<LocalNetworks> {
         Arc::clone(&self.current.read())
+    }
+
+    /// The zones of the local cluster's nodes, as they are now.
+    pub fn zones(&self) -> Arc<BTreeSet<String>> {
+        Arc::clone(&self.zones.read())
     }
 
     /// A listing of `part` starts.
@@ -164,9 +176,10 @@ impl Networks {
         }
     }
 
-    /// Rebuilds the current networks from the parts; true when they changed.
+    /// Rebuilds the current networks and zones from the parts; true when either changed.
     fn rebuild(&self) -> bool {
         let mut local = LocalNetworks::default();
+        let mut zones = BTreeSet::new();
         for net in &self.configured {
             local.add_net(*net, Refusal::LocalConfigured);
         }
@@ -178,11 +191,20 @@ impl Networks {
                 for (net, why) in &entry.nets {
                     local.add_net(*net, *why);
                 }
+                zones.extend(entry.zone.clone());
             }
         }
+        let zones_changed = {
+            let mut current = self.zones.write();
+            let changed = **current != zones;
+            if changed {
+                *current = Arc::new(zones);
+            }
+            changed
+        };
         let mut current = self.current.write();
         if **current == local {
-            return false;
+            return zones_changed;
         }
         *current = Arc::new(local);
         true
@@ -197,7 +219,31 @@ mod tests {
         Entry {
             addresses: vec![(ip.parse().unwrap(), Refusal::LocalNode)],
             nets: vec![(cidr.parse().unwrap(), Refusal::LocalPodNetwork)],
+            zone: None,
         }
+    }
+
+    #[test]
+    fn the_zones_are_those_of_the_nodes_and_a_new_zone_is_a_change() {
+        let n = Networks::new(vec![]);
+        let zoned = |ip: &str, zone: &str| Entry {
+            zone: Some(zone.to_string()),
+            ..node(ip, "10.201.0.0/24")
+        };
+        for p in Part::ALL {
+            n.listed(p);
+        }
+        assert!(n.apply(Part::Nodes, "a".into(), zoned("10.250.0.1", "west-a")));
+        assert!(n.apply(Part::Nodes, "b".into(), zoned("10.250.0.2", "west-b")));
+        assert_eq!(
+            n.zones().iter().map(String::as_str).collect::<Vec<_>>(),
+            ["west-a", "west-b"]
+        );
+        // only the zone changes: still a change (every key passes again)
+        assert!(n.apply(Part::Nodes, "b".into(), zoned("10.250.0.2", "west-c")));
+        assert!(!n.apply(Part::Nodes, "b".into(), zoned("10.250.0.2", "west-c")));
+        assert!(n.delete(Part::Nodes, "b"));
+        assert_eq!(n.zones().len(), 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The watches of the local cluster's own networks (see `state::networks`): Nodes (addresses and
 //! pod CIDRs), ServiceCIDRs, and the API server's EndpointSlices (`default/kubernetes`). Only
-//! what names a network is kept of each object. A change after the first listing queues every
+//! what names a network (and a node's zone) is kept of each object. A change after the first listing queues every
 //! key, so an address that became local leaves every follower and import at once.
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -24,6 +24,8 @@ use crate::state::networks::{Entry, Part};
 /// The namespace and Service whose endpoints are the local API server's.
 const API_NAMESPACE: &str = "default";
 const API_SERVICE: &str = "kubernetes";
+/// The label naming a node's zone.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Starts the three watches.
 pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u32) {
@@ -150,6 +152,11 @@ fn node(n: &Node) -> Entry {
     Entry {
         addresses: ips(addresses, Refusal::LocalNode),
         nets: nets(pod_cidrs, Refusal::LocalPodNetwork),
+        zone: n
+            .labels()
+            .get(ZONE_LABEL)
+            .filter(|z| !z.is_empty())
+            .cloned(),
     }
 }
 
@@ -158,6 +165,7 @@ fn service_cidr(c: &ServiceCIDR) -> Entry {
     Entry {
         addresses: vec![],
         nets: nets(cidrs.into_iter().flatten(), Refusal::LocalServiceNetwork),
+        zone: None,
     }
 }
 
@@ -168,6 +176,7 @@ fn api_server(s: &EndpointSlice) -> Entry {
             Refusal::LocalApiServer,
         ),
         nets: vec![],
+        zone: None,
     }
 }
 

@@ -63,7 +63,17 @@ pub async fn extra_cluster(name: &'static str, apiserver_args: &'static str) {
     .expect("bed task");
 }
 
+/// Runs testbed/bed like [`bed_cmd`]; what it said on standard error.
+pub fn bed_cmd_stderr(args: &[&str]) -> String {
+    bed_output(args, &[]).1
+}
+
 fn bed_cmd_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    bed_output(args, env).0
+}
+
+/// Standard output and standard error of testbed/bed; panics when it fails.
+fn bed_output(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let script = repo_root().join("testbed/bed");
     let out = Command::new("bash")
         .arg(&script)
@@ -78,7 +88,10 @@ fn bed_cmd_env(args: &[&str], env: &[(&str, &str)]) -> String {
         args.join(" "),
         out.status
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr.into_owned(),
+    )
 }
 
 /// Brings the test bed up once per test process (the script itself is idempotent and locked, so
@@ -254,9 +267,35 @@ where
             Err(why) => why,
         };
         if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; last: {last}{}",
+                degraded()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The bed's clusters that lost a part of their control plane (`testbed/bed status` says
+/// "degraded"), for a wait that timed out: a controller manager that died leaves a cluster that
+/// silently creates no pods.
+fn degraded() -> String {
+    let out = Command::new("bash")
+        .arg(repo_root().join("testbed/bed"))
+        .arg("status")
+        .output();
+    let Ok(out) = out else {
+        return String::new();
+    };
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" degraded "))
+        .map(str::to_string)
+        .collect();
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; the bed: {}", lines.join("; "))
     }
 }
 

@@ -70,6 +70,7 @@ mod error;
 mod export;
 mod import;
 mod judge;
+mod locality;
 mod names;
 #[cfg(test)]
 mod test_support;
@@ -86,6 +87,7 @@ pub use export::{
 };
 pub use import::{Import, derived_name, import, import_owner};
 pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, validity};
+pub use locality::{ELSEWHERE, Here, Localized, Preference, localize};
 pub use names::{Claim, Grant, Holders, Identity};
 pub use types::*;
 

@@ -452,3 +452,39 @@ fn set_slice_owner_sets_controller_reference() {
             .is_none()
     );
 }
+
+#[test]
+fn a_change_of_hints_is_a_change_and_their_order_is_not() {
+    use k8s_openapi::api::discovery::v1::{EndpointHints, ForNode, ForZone};
+    let remote = slice("web-a", "IPv4", web_ports(), many("10.1", 2));
+    let mut f = run(&[&remote]);
+    set_slice_owner(&mut f.slices, "web", "local-svc-uid");
+    let plain = live(&f.slices[0]);
+    let zones = |names: &[&str]| EndpointHints {
+        for_zones: Some(
+            names
+                .iter()
+                .map(|n| ForZone {
+                    name: n.to_string(),
+                })
+                .collect(),
+        ),
+        for_nodes: None,
+    };
+    let mut hinted = f.slices[0].clone();
+    hinted.endpoints[0].hints = Some(zones(&["west-a", "west-b"]));
+    let written = slice_change(&plain, &hinted).expect("hints added: a write");
+    assert_eq!(written.endpoints, hinted.endpoints);
+    let mut reordered = hinted.clone();
+    reordered.endpoints[0].hints = Some(zones(&["west-b", "west-a"]));
+    assert_eq!(slice_change(&live(&hinted), &reordered), None);
+    let mut other = hinted.clone();
+    other.endpoints[0].hints = Some(zones(&["west-a"]));
+    assert!(slice_change(&live(&hinted), &other).is_some());
+    let mut nodes = hinted.clone();
+    nodes.endpoints[0].hints.as_mut().unwrap().for_nodes =
+        Some(vec![ForNode { name: "w1".into() }]);
+    assert!(slice_change(&live(&hinted), &nodes).is_some());
+    // and hints removed (the field unset) are a write too
+    assert!(slice_change(&live(&hinted), &f.slices[0]).is_some());
+}
