@@ -2,7 +2,9 @@
 //! with `trafficDistribution: PreferClose`; the daemon in west imports it with hints on its
 //! slices. A west client calling `web.<ns>.svc.clusterset.local` is answered only by west's
 //! pods (those of its own zone first) while they are ready, by east's when west's are scaled to
-//! 0, and by west's again when they return, every request answered.
+//! 0, and by west's again when they return, every request answered. Then the same failovers
+//! side by side with their floor: the same event inside one cluster, where a Service with
+//! `PreferClose` loses the half of its pods in its client's zone and its other half stays.
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +17,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_flag};
-use support::node::{node_cluster, node_cluster_with, wait_dns, workload_images};
+use support::node::{exec, node_cluster, node_cluster_with, wait_dns, workload_images};
 use support::traffic::{self, Load, Rec, Tally, now_ms, settled_web_pods};
 use support::{client, eventually, namespace_in};
 
@@ -255,5 +257,337 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
         failover.figures(),
         first_east - t1,
         failback.figures()
+    );
+}
+
+// ---- failover against its floor (issue 28, part 2) -------------------------------------------
+
+/// West's first zone (its node 1) and second (node 2): testbed/node.sh's `node_zone`.
+const ZONE_A: &str = "traffic-west-a";
+const ZONE_B: &str = "traffic-west-b";
+
+/// Deployment `name` (2 pods labelled app=`app`, `half`=`name`) on the nodes of `zone` (any node
+/// when None), with web's probe and grace (readiness every second, 5 s of serving after SIGTERM).
+async fn pods(c: &Client, ns: &str, cluster: &str, name: &str, app: &str, zone: Option<&str>) {
+    let env = json!([
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "CLUSTER", "value": cluster},
+        {"name": "GRACE_SECONDS", "value": "5"}
+    ]);
+    let deployment: Deployment = support::obj(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": app, "half": name}},
+            "template": {
+                "metadata": {"labels": {"app": app, "half": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 15,
+                    "nodeSelector": zone.map(|z| json!({"topology.kubernetes.io/zone": z})),
+                    "containers": [{
+                        "name": "web", "image": support::node::WEB_IMAGE, "imagePullPolicy": "Never",
+                        "env": env,
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1}
+                    }]
+                }
+            }
+        }
+    }));
+    Api::<Deployment>::namespaced(c.clone(), ns)
+        .create(&kube::api::PostParams::default(), &deployment)
+        .await
+        .unwrap_or_else(|e| panic!("{cluster}: create Deployment {name}: {e}"));
+}
+
+/// Service `name` selecting app=`name`, port 80 to `http`, PreferClose.
+async fn prefer_close_service(c: &Client, ns: &str, name: &str) {
+    let svc: Service = support::obj(json!({
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "trafficDistribution": "PreferClose",
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }));
+    Api::<Service>::namespaced(c.clone(), ns)
+        .create(&kube::api::PostParams::default(), &svc)
+        .await
+        .unwrap_or_else(|e| panic!("create Service {name}: {e}"));
+}
+
+/// The ready pods labelled `selector` once exactly `n` are ready and none is terminating: name
+/// to IP.
+async fn ready_pods(c: &Client, ns: &str, selector: &str, n: usize) -> BTreeMap<String, String> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let lp = ListParams::default().labels(selector);
+    eventually(&format!("{n} ready pods {selector}"), WAIT, || async {
+        let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+        let ready: BTreeMap<String, String> = list
+            .items
+            .iter()
+            .filter(|p| support::node::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.clone()?)))
+            .collect();
+        if ready.len() == n && list.items.len() == n {
+            Ok(ready)
+        } else {
+            Err(format!("{} ready of {}", ready.len(), list.items.len()))
+        }
+    })
+    .await
+}
+
+/// Waits until every pod labelled `selector` has restarted its container and is ready again.
+async fn restarted(c: &Client, ns: &str, selector: &str) {
+    let api: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let lp = ListParams::default().labels(selector);
+    eventually(
+        &format!("pods {selector} restarted and ready"),
+        WAIT,
+        || async {
+            let list = api.list(&lp).await.map_err(|e| e.to_string())?;
+            let restarts: Vec<i32> = list
+                .items
+                .iter()
+                .map(|p| {
+                    let statuses = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref());
+                    let n = statuses
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c.restart_count)
+                        .sum::<i32>();
+                    if support::node::pod_ready(p) { n } else { 0 }
+                })
+                .collect();
+            if !restarts.is_empty() && restarts.iter().all(|n| *n >= 1) {
+                Ok(())
+            } else {
+                Err(format!("restarts of the ready ones: {restarts:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+async fn scale_deployment(c: &Client, ns: &str, name: &str, replicas: i32) {
+    let patch = json!({"spec": {"replicas": replicas}});
+    Api::<Deployment>::namespaced(c.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("scale {name} to {replicas}: {e}"));
+}
+
+/// Waits until the requests `load` began after `from` end with `n` in a row answered by `by`:
+/// the time of the last one before them that failed or was answered by another pod (`from` when
+/// there was none).
+async fn settled_on(load: &Load, from: i64, by: BTreeSet<String>, n: usize) -> i64 {
+    let by = &by;
+    eventually(
+        &format!("{}'s client answered by {by:?} alone", load.name),
+        WAIT,
+        || async {
+            let recs = load.records().await?;
+            let after: Vec<&Rec> = recs.iter().filter(|r| r.sent >= from).collect();
+            let last_other = after
+                .iter()
+                .filter(|r| !r.ok || !by.contains(&r.pod))
+                .map(|r| r.sent)
+                .max();
+            let since = last_other.unwrap_or(from);
+            let home = after
+                .iter()
+                .filter(|r| r.sent > since && r.ok && by.contains(&r.pod))
+                .count();
+            if home >= n {
+                Ok(since)
+            } else {
+                Err(format!("{home} answers by them since {since}"))
+            }
+        },
+    )
+    .await
+}
+
+/// GET /exit on each of `pods`' addresses, one after another from one exec into `client` (a load
+/// pod of `cluster`): each web process exits at once, as if killed, and its kubelet restarts it
+/// in place. One exec, so both sides' pods die within milliseconds of each other: on one node,
+/// one kubelet notices them in the same relist.
+async fn kill(cluster: &'static str, ns: &str, client: &str, pods: &[&BTreeMap<String, String>]) {
+    let urls: Vec<String> = pods
+        .iter()
+        .flat_map(|m| m.values())
+        .map(|ip| format!("http://{ip}:8080/exit"))
+        .collect();
+    let (ns, client) = (ns.to_string(), client.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        let mut args = vec!["/load", "get"];
+        args.extend(urls.iter().map(String::as_str));
+        exec(cluster, &ns, &client, &args)
+    })
+    .await
+    .expect("exec task");
+    // no answer comes: every get fails once its process is gone
+    assert!(out.is_err(), "a web process answered /exit: {out:?}");
+}
+
+/// One event's counts: (the cross-cluster client's tally, the floor client's tally).
+fn side_by_side(what: &str, west: &Tally, floor: &Tally) -> String {
+    format!(
+        "{what}: west via the import {}; floor {}",
+        west.figures(),
+        floor.figures()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
+    node_cluster(EAST).await;
+    node_cluster_with(WEST, 2).await;
+    workload_images(&[EAST, WEST]).await;
+    tokio::join!(wait_dns(EAST), wait_dns(WEST));
+    let ns = namespace_in("locality-floor", &[EAST, WEST]).await;
+    let (east, west) = (client(EAST).await, client(WEST).await);
+    // the import: west's web in zone a, east's web; both PreferClose and exported
+    pods(&west, &ns.name, WEST, "web", "web", Some(ZONE_A)).await;
+    pods(&east, &ns.name, EAST, "web", "web", None).await;
+    for c in [&west, &east] {
+        prefer_close_service(c, &ns.name, "web").await;
+        support::mcs::export(c, &ns.name, "web").await;
+    }
+    // the floor: one Service in west, half its pods in zone a, half in zone b
+    pods(&west, &ns.name, WEST, "floor-a", "floor", Some(ZONE_A)).await;
+    pods(&west, &ns.name, WEST, "floor-b", "floor", Some(ZONE_B)).await;
+    prefer_close_service(&west, &ns.name, "floor").await;
+    let west_web = ready_pods(&west, &ns.name, "half=web", 2).await;
+    let east_web = ready_pods(&east, &ns.name, "half=web", 2).await;
+    let floor_a = ready_pods(&west, &ns.name, "half=floor-a", 2).await;
+    let floor_b = ready_pods(&west, &ns.name, "half=floor-b", 2).await;
+
+    let mut args = with_flag(
+        with_flag(args_for(&ns.name), "--local-context", WEST),
+        "--remote-context",
+        EAST,
+    );
+    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let _daemon = Daemon::start(&args).await;
+    hinted(&west, &ns.name, 2).await;
+    // both clients in zone a
+    let import_url = format!("http://web.{}.svc.clusterset.local/", ns.name);
+    let floor_url = format!("http://floor.{}.svc.cluster.local/", ns.name);
+    let load = Load::start_in(
+        &west,
+        WEST,
+        &ns.name,
+        "load",
+        &import_url,
+        RATE,
+        Some(ZONE_A),
+    )
+    .await;
+    let floor = Load::start_in(
+        &west,
+        WEST,
+        &ns.name,
+        "floor-load",
+        &floor_url,
+        RATE,
+        Some(ZONE_A),
+    )
+    .await;
+    let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<BTreeSet<String>>();
+    let t0 = now_ms();
+    settled_on(&load, t0, names(&west_web), 2 * RATE as usize).await;
+    settled_on(&floor, t0, names(&floor_a), 2 * RATE as usize).await;
+
+    // 1. graceful: both zone-a halves scaled to 0 at once
+    let t1 = now_ms();
+    tokio::join!(
+        scale_deployment(&west, &ns.name, "web", 0),
+        scale_deployment(&west, &ns.name, "floor-a", 0)
+    );
+    let away = tokio::join!(
+        settled_on(&load, t1, names(&east_web), 2 * RATE as usize),
+        settled_on(&floor, t1, names(&floor_b), 2 * RATE as usize)
+    );
+    ready_pods(&west, &ns.name, "half=web", 0).await;
+    ready_pods(&west, &ns.name, "half=floor-a", 0).await;
+    let t2 = now_ms() + TAIL;
+    let graceful = (
+        Tally::of(&load.records_past(t2).await, t1, t2),
+        Tally::of(&floor.records_past(t2).await, t1, t2),
+    );
+
+    // 2. failback: both halves back; each client goes home
+    let t3 = now_ms();
+    tokio::join!(
+        scale_deployment(&west, &ns.name, "web", 2),
+        scale_deployment(&west, &ns.name, "floor-a", 2)
+    );
+    let west_web = ready_pods(&west, &ns.name, "half=web", 2).await;
+    let floor_a = ready_pods(&west, &ns.name, "half=floor-a", 2).await;
+    let ready_at = now_ms();
+    let (home, floor_home) = tokio::join!(
+        settled_on(&load, t3, names(&west_web), 2 * RATE as usize),
+        settled_on(&floor, t3, names(&floor_a), 2 * RATE as usize)
+    );
+    let t4 = now_ms();
+    let failback = (
+        Tally::of(&load.records_past(t4).await, t3, t4),
+        Tally::of(&floor.records_past(t4).await, t3, t4),
+    );
+
+    // 3. killed: every zone-a web process of both exits at once; the kubelets restart them
+    let t5 = now_ms();
+    kill(WEST, &ns.name, "load", &[&west_web, &floor_a]).await;
+    // both restarted in place and ready again, then home again
+    tokio::join!(
+        restarted(&west, &ns.name, "half=web"),
+        restarted(&west, &ns.name, "half=floor-a")
+    );
+    let (back, floor_back) = tokio::join!(
+        settled_on(&load, t5, names(&west_web), 2 * RATE as usize),
+        settled_on(&floor, t5, names(&floor_a), 2 * RATE as usize)
+    );
+    let t6 = now_ms() + TAIL;
+    let killed = (
+        Tally::of(&load.records_past(t6).await, t5, t6),
+        Tally::of(&floor.records_past(t6).await, t5, t6),
+    );
+
+    let report = [
+        side_by_side("graceful scale to 0", &graceful.0, &graceful.1),
+        format!("  away: west's client on east's pods alone after {} ms, the floor's on zone b alone after {} ms", away.0 - t1, away.1 - t1),
+        side_by_side("failback", &failback.0, &failback.1),
+        format!("  home {} ms (floor {} ms) after the pods were ready", home - ready_at, floor_home - ready_at),
+        side_by_side("killed (restarted in place)", &killed.0, &killed.1),
+        format!("  home again {} ms (floor {} ms) after the kill", back - t5, floor_back - t5),
+    ]
+    .join("\n");
+    println!("{report}");
+    // the import's slice follows west's own by the mirror's lag (tens of ms): a change of ours
+    // that reaches kube-proxy just after the floor's waits for its next sync, at most its
+    // minSyncPeriod (1 s) later, RATE requests at most
+    let slack = RATE as usize;
+    for (what, (ours, floor)) in [
+        ("graceful", &graceful),
+        ("failback", &failback),
+        ("killed", &killed),
+    ] {
+        assert!(
+            ours.failed <= floor.failed + slack,
+            "{what}: more failures than the floor (+{slack}):\n{report}"
+        );
+    }
+    // and each failed over while its pods restarted: answered by the other side meanwhile
+    let east_names = names(&east_web);
+    let floor_b_names = names(&floor_b);
+    assert!(
+        killed.0.by_pod.keys().any(|p| east_names.contains(p)),
+        "west's client was not answered by east while west's pods restarted:\n{report}"
+    );
+    assert!(
+        killed.1.by_pod.keys().any(|p| floor_b_names.contains(p)),
+        "the floor's client was not answered by zone b while zone a restarted:\n{report}"
     );
 }

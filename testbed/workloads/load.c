@@ -1,6 +1,7 @@
 /* The bed's load client (testbed/workloads, image testbed.invalid/load).
- *   load get URL          one GET (curl-like, for kubectl exec): prints the body, exits 0 on a
- *                         2xx answer; otherwise one line "load: <URL>: <why>" on stderr, exit 1
+ *   load get URL...       one GET per URL, in turn (curl-like, for kubectl exec): prints each
+ *                         body; exits 0 when every answer is 2xx, otherwise 1, with one line
+ *                         "load: <URL>: <why>" on stderr per failure
  *   load run URL [RATE]   RATE requests a second (default 10) until killed, each started on
  *                         schedule on a thread of its own (open loop: a slow answer delays no
  *                         other request), each on a new connection whose host name is
@@ -214,7 +215,7 @@ int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "resolve") == 0) return resolve(argv[2]);
   if (argc < 3 || parse_url(argv[2], &u) != 0 ||
       (strcmp(argv[1], "get") != 0 && strcmp(argv[1], "run") != 0)) {
-    fprintf(stderr, "usage: load get URL | load run URL [RATE] | load idle | load resolve HOST   (URL: http://HOST[:PORT][/PATH])\n");
+    fprintf(stderr, "usage: load get URL... | load run URL [RATE] | load idle | load resolve HOST   (URL: http://HOST[:PORT][/PATH])\n");
     return 2;
   }
   if (strcmp(argv[1], "run") == 0) {
@@ -222,16 +223,25 @@ int main(int argc, char **argv) {
     run(&u, rate > 0 ? rate : 10);
     return 0;
   }
-  char body[4096], why[512];
-  int code = get(&u, body, sizeof body, why, sizeof why);
-  if (code < 0) {
-    fprintf(stderr, "load: %s: %s\n", argv[2], why);
-    return 1;
+  /* one GET per URL, one after another (tests/locality.rs kills several pods at one instant) */
+  int failed = 0;
+  for (int i = 2; i < argc; i++) {
+    char body[4096], why[512];
+    if (parse_url(argv[i], &u) != 0) {
+      fprintf(stderr, "load: %s: not http://HOST[:PORT][/PATH]\n", argv[i]);
+      return 2;
+    }
+    int code = get(&u, body, sizeof body, why, sizeof why);
+    if (code < 0) {
+      fprintf(stderr, "load: %s: %s\n", argv[i], why);
+      failed = 1;
+      continue;
+    }
+    fputs(body, stdout);
+    if (code < 200 || code > 299) {
+      fprintf(stderr, "load: %s: HTTP %d\n", argv[i], code);
+      failed = 1;
+    }
   }
-  fputs(body, stdout);
-  if (code < 200 || code > 299) {
-    fprintf(stderr, "load: %s: HTTP %d\n", argv[2], code);
-    return 1;
-  }
-  return 0;
+  return failed;
 }

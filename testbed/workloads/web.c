@@ -5,6 +5,8 @@
  *   GET /readiness/off, /readiness/on
  *               200: /ready answers 503 from now on (or 200 again, unless terminating); the
  *               data-path benchmark flips a pod's readiness this way (tests/bench_datapath.rs);
+ *   GET /exit   no answer: the process exits at once with status 137, as if killed (SIGKILL,
+ *               an OOM kill); the kubelet restarts it in the same pod (tests/locality.rs);
  *   anything    200 "pod=<POD_NAME> cluster=<CLUSTER> path=<PATH>\n" (env from the pod spec).
  * Graceful termination, like a preStop hook: after SIGTERM it reports not ready but keeps
  * serving for GRACE_SECONDS (default 5), then exits 0. One connection at a time, HTTP/1.0,
@@ -50,6 +52,10 @@ static void answer(int fd, int terminating) {
   req[n] = 0;
   sscanf(req, "%*s %255s", path);
   int code = 200;
+  if (strcmp(path, "/exit") == 0) {
+    printf("web: exit requested: exiting at once (137)\n");
+    _exit(137);
+  }
   if (strcmp(path, "/ready") == 0) {
     code = terminating || unready ? 503 : 200;
     snprintf(body, sizeof body, "%s\n",

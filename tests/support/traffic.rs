@@ -151,10 +151,25 @@ impl Load {
         url: &str,
         rate: u32,
     ) -> Load {
+        Self::start_in(c, cluster, ns, name, url, rate, None).await
+    }
+
+    /// [`Load::start`] on a node of `zone` (its `topology.kubernetes.io/zone`), if given.
+    pub async fn start_in(
+        c: &Client,
+        cluster: &'static str,
+        ns: &str,
+        name: &str,
+        url: &str,
+        rate: u32,
+        zone: Option<&str>,
+    ) -> Load {
+        let selector = zone.map(|z| json!({"topology.kubernetes.io/zone": z}));
         let pod: Pod = obj(json!({
             "metadata": {"name": name, "labels": {"app": "load"}},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
+                "nodeSelector": selector,
                 "containers": [{"name": "load", "image": LOAD_IMAGE, "imagePullPolicy": "Never",
                                 "args": ["run", url, rate.to_string()]}]
             }
