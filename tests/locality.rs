@@ -17,6 +17,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use support::daemon::{Daemon, args_for, with_flag};
+use support::fault::{Lost, Report, Snapshot, conclude, snapshot};
 use support::node::{exec, node_cluster, node_cluster_with, wait_dns, workload_images};
 use support::traffic::{self, Load, Rec, Tally, now_ms, settled_web_pods};
 use support::{client, eventually, namespace_in};
@@ -33,6 +34,27 @@ const TAIL: i64 = 3000;
 /// The zone a ready endpoint no local zone chose names (`desired::mcs::ELSEWHERE`).
 const ELSEWHERE: &str = "cross-cluster-elsewhere";
 const WAIT: Duration = Duration::from_secs(120);
+
+/// The non-followers of `ns` the daemon changed between two snapshots: the endpoints of the
+/// test's own Services (`services`), which its scaling and killing change, left out. Their
+/// Services themselves must stay as they were: exported, imported, never written.
+fn touched_by_the_daemon(
+    before: &Snapshot,
+    after: &Snapshot,
+    ns: &str,
+    services: &[&str],
+) -> Vec<String> {
+    before
+        .non_followers_touched(after)
+        .into_iter()
+        .filter(|o| {
+            !services.iter().any(|s| {
+                *o == format!("Endpoints {ns}/{s}")
+                    || o.starts_with(&format!("EndpointSlice {ns}/{s}-"))
+            })
+        })
+        .collect()
+}
 
 /// `web` (2 pods) in `cluster`, its Service asking for PreferClose, exported.
 async fn web(c: &Client, ns: &str, cluster: &str) {
@@ -175,6 +197,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
         EAST,
     );
     args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     // the hints: west's endpoints name west's zones, east's none of them
     let hints = hinted(&west, &ns.name, 2).await;
@@ -251,12 +274,25 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
         home_ms < 10_000,
         "west's client went home {home_ms} ms after west's pods were ready"
     );
-    println!(
-        "locality: healthy {} (all west); failover {} (first east answer {} ms after the scale to 0); failback {} (last east answer {home_ms} ms after west's pods were ready)",
+    let note = format!(
+        "healthy {} (all west); failover {} (first east answer {} ms after the scale to 0); failback {} (last east answer {home_ms} ms after west's pods were ready)",
         healthy.figures(),
         failover.figures(),
         first_east - t1,
         failback.figures()
+    );
+    println!("locality: {note}");
+    let after = snapshot(&west, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "89-locality-prefer-close",
+            scenario: "west and east both export web (2 pods each) with trafficDistribution PreferClose; a west client calls web.<ns>.svc.clusterset.local at 20 requests/s",
+            done: "a daemon with --mcs in west reading east; west's web scaled to 0, then back to 2",
+            converge: None,
+            note,
+        },
+        &Lost::nothing_to_lose(),
+        &touched_by_the_daemon(&before, &after, &ns.name, &["web"]),
     );
 }
 
@@ -470,6 +506,7 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
         EAST,
     );
     args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     hinted(&west, &ns.name, 2).await;
     // both clients in zone a
@@ -565,6 +602,19 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     ]
     .join("\n");
     println!("{report}");
+    let after = snapshot(&west, &[&ns.name]).await;
+    let touched = touched_by_the_daemon(&before, &after, &ns.name, &["web", "floor"]);
+    conclude(
+        Report {
+            id: "90-locality-failover-floor",
+            scenario: "the import of web (west's 2 pods in zone a, east's 2; PreferClose) beside its floor, one west Service floor (PreferClose) with 2 pods in zone a and 2 in zone b; both clients in zone a, 20 requests/s each",
+            done: "each zone-a half, at once: scaled to 0, scaled back, then killed in place (GET /exit, restarted by its kubelet)",
+            converge: None,
+            note: report.replace('\n', " "),
+        },
+        &Lost::nothing_to_lose(),
+        &touched,
+    );
     // the import's slice follows west's own by the mirror's lag (tens of ms): a change of ours
     // that reaches kube-proxy just after the floor's waits for its next sync, at most its
     // minSyncPeriod (1 s) later, RATE requests at most
