@@ -12,7 +12,7 @@ use tracing::info;
 use crate::client::{self, Clients};
 use crate::error::{Error, Result};
 use crate::reconcile::{self, Ctx, resync, sweep, worker};
-use crate::remotes::{self, credentials, gauges, health, join, outage};
+use crate::remotes::{self, credentials, gauges, health, join, outage, probe};
 use crate::runtime::lease::{self, LeaseConfig};
 use crate::runtime::supervisor::Supervisor;
 use crate::runtime::{admin, metrics::Metrics, queue::WorkQueue, schedule, signals};
@@ -124,6 +124,7 @@ fn remote_tasks(
     );
     sup.spawn_until_shutdown("remote health Leases", health.run());
     sup.spawn_until_shutdown("outage policy", outage::run(Arc::clone(ctl)));
+    sup.spawn_until_shutdown("data-path probe", probe::run(Arc::clone(ctl)));
     let renewer = credentials::Renewer::new(
         Arc::clone(ctl),
         &config.lease.namespace,

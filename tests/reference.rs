@@ -12,7 +12,7 @@ use cross_cluster_controller::desired::{
     SKIP_MIRROR_LABEL,
 };
 use cross_cluster_controller::runtime::metrics::{
-    ByKindVerbCode, ByRemote, ByRemoteTo, ByWatch, Metrics, RemoteReading,
+    ByKindVerbCode, ByRemote, ByRemoteOutcome, ByRemoteTo, ByWatch, Metrics, RemoteReading,
 };
 use cross_cluster_controller::runtime::series::REMOTE_GAUGES;
 
@@ -73,6 +73,7 @@ fn every_family() -> Metrics {
             credential_expiry: Some(0),
             stale: Some(false),
             mcs_name_refused: Some(false),
+            cut_off: Some(false),
             ..RemoteReading::default()
         }]
     });
@@ -82,6 +83,8 @@ fn every_family() -> Metrics {
     m.remote_stale_transitions.get_or_create(&to).inc();
     let request = ByWatch::new("REMOTE", "Service", "list");
     m.watch_requests.get_or_create(&request).inc();
+    let probe = ByRemoteOutcome::new("REMOTE", "reachable");
+    m.probes.get_or_create(&probe).inc();
     let refused = ByKindVerbCode::new("Service", "create", "403");
     m.write_errors.get_or_create(&refused).inc();
     m

@@ -88,6 +88,9 @@ pub struct RemoteStatus {
     pub credential_expiry: String,
     /// seconds until then (negative: expired)
     pub credential_expires_in_seconds: Option<i64>,
+    /// what the data-path probe finds: "reachable", "cut off" (its endpoints published as not
+    /// ready), empty without the probe
+    pub data_path: String,
 }
 
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -134,6 +137,9 @@ fn lease_fresh(l: &Lease, now: Timestamp) -> (Option<i64>, bool) {
 }
 
 /// Pure: the report from what was listed.
+/// What the health Lease says of a remote the data-path probe finds unreachable.
+const CUT_OFF: &str = "cut off";
+
 pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
     let mut remotes = from_health_leases(&inputs.health, opts, now);
     let unknown = count_followers(&mut remotes, inputs, opts);
@@ -141,7 +147,9 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
     let leader = inputs.election.as_ref().map(|l| leader_of(l, now));
     let remotes: Vec<RemoteStatus> = remotes.into_values().collect();
     let healthy = leader.as_ref().is_some_and(|l| l.fresh)
-        && remotes.iter().all(|r| r.known && r.connected)
+        && remotes
+            .iter()
+            .all(|r| r.known && r.connected && r.data_path != CUT_OFF)
         && unknown.is_empty();
     Report {
         namespace: String::new(),
@@ -215,6 +223,7 @@ fn from_health_leases(
                 credential_expiry: a.get(&keys.credential_expiry).cloned().unwrap_or_default(),
                 credential_expires_in_seconds: parse(a.get(&keys.credential_expiry))
                     .map(|t| t.duration_since(now).as_secs()),
+                data_path: a.get(&keys.data_path).cloned().unwrap_or_default(),
                 ..Default::default()
             },
         );
@@ -330,6 +339,7 @@ pub fn table(r: &Report, now: Timestamp) -> String {
         "SKIPS",
         "CLUSTER ID",
         "CREDENTIAL",
+        "DATA PATH",
         "PROBLEM",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
@@ -362,6 +372,11 @@ pub fn table(r: &Report, now: Timestamp) -> String {
                 None => "-".into(),
                 Some(left) if left < 0 => format!("expired {} ago", age(Some(-left))),
                 Some(left) => format!("expires in {}", age(Some(left))),
+            },
+            if s.data_path.is_empty() {
+                "-".into()
+            } else {
+                s.data_path.clone()
             },
             if s.known {
                 s.problem.clone()
@@ -561,6 +576,7 @@ mod tests {
             exports: 2,
             conflicts: 1,
             credential_expiry: None,
+            data_path: Some("reachable"),
         };
         let mut l = health_lease(
             None,
@@ -609,6 +625,32 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "e"}, "involvedObject": {},
             "reason": reason, "action": action, "message": note}))
         .unwrap()
+    }
+
+    #[test]
+    fn a_remote_whose_data_path_is_cut_off_needs_a_look() {
+        let inputs = |data_path: &str| {
+            let mut east = health("east", None, "2026-01-01T00:09:50Z");
+            east.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("fair.com/cross-cluster-data-path".into(), data_path.into());
+            Inputs {
+                health: vec![east],
+                election: Some(election("2026-01-01T00:09:55Z")),
+                services: vec![],
+                slices: vec![],
+                events: vec![],
+            }
+        };
+        let fine = report(&inputs("reachable"), &opts(), now());
+        assert!(fine.healthy, "{fine:?}");
+        assert!(table(&fine, now()).contains("reachable"));
+        let cut = report(&inputs("cut off"), &opts(), now());
+        assert!(!cut.healthy);
+        assert_eq!(exit_code(&cut), 1);
+        let t = table(&cut, now());
+        assert!(t.contains("DATA PATH") && t.contains("cut off"), "{t}");
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use merge::{Conflict, ConflictKind, Export, Merged, merge, not_ready};
 pub use options::*;
 pub use outcome::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome};
 pub use service::{ServiceChange, service_change};
-pub use slices::{set_slice_owner, slice_change};
+pub use slices::{probe_targets, set_slice_owner, slice_change};
 
 /// The remotes a local Service or Endpoints object records (its metadata is enough).
 pub fn recorded(

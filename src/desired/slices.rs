@@ -147,6 +147,41 @@ pub(crate) fn is_ready(endpoint: &Endpoint) -> bool {
     conditions(endpoint).0 != Some(false)
 }
 
+/// Up to `n` addresses of ready endpoints of `slices` to probe, each with its slice's first TCP
+/// port that has a number (IP slices only; FQDN slices name no address to connect to).
+pub fn probe_targets(
+    slices: &[std::sync::Arc<EndpointSlice>],
+    n: usize,
+) -> Vec<std::net::SocketAddr> {
+    let mut out = Vec::new();
+    for s in slices.iter().filter(|s| s.address_type != "FQDN") {
+        let port = s.ports.iter().flatten().find_map(|p| {
+            let tcp = p.protocol.as_deref().is_none_or(|p| p == PROTOCOL_TCP);
+            p.port.filter(|_| tcp).and_then(|n| u16::try_from(n).ok())
+        });
+        let Some(port) = port else {
+            continue;
+        };
+        let ready = s
+            .endpoints
+            .iter()
+            .filter(|e| is_ready(e) && !is_terminating(e));
+        for e in ready {
+            if let Some(ip) = e
+                .addresses
+                .first()
+                .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            {
+                out.push(std::net::SocketAddr::new(ip, port));
+                if out.len() == n {
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
 pub(crate) fn is_terminating(endpoint: &Endpoint) -> bool {
     conditions(endpoint).2 == Some(true)
 }

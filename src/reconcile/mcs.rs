@@ -30,7 +30,7 @@ use crate::desired::mcs::{
     self, Change, ClusterExport, Grant, Here, Localized, Preference, ServiceExport, ServiceImport,
     derived_name, import_is_ours, slice_source_cluster,
 };
-use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded};
+use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded, not_ready};
 use crate::error::{Error, Result};
 use crate::runtime::metrics::{ByOutcome, ByRemoteKind};
 use crate::state::{Cache, GroupKey, McsCluster, McsLocal, McsView};
@@ -41,9 +41,10 @@ struct Source {
     view: McsView,
 }
 
-/// A cluster read as an MCS source, with the address policy its slices pass (None: the local
-/// cluster, whose own endpoints are its own).
-type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy)>);
+/// A cluster read as an MCS source, with the address policy its slices pass and whether its
+/// endpoints are published as not ready now (the outage policy, the data-path probe) (None: the
+/// local cluster, whose own endpoints are its own).
+type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy, bool)>);
 
 /// Everything one key needs, taken under short read locks.
 struct Snapshot {
@@ -63,7 +64,7 @@ struct Snapshot {
 fn clusters(ctx: &Ctx, mcs: &McsLocal) -> Vec<Read> {
     let mut all: Vec<Read> = vec![(Arc::clone(&mcs.source), None)];
     all.extend(ctx.remotes.states().iter().filter_map(|s| {
-        let policy = (Arc::clone(&s.name), s.addresses.clone());
+        let policy = (Arc::clone(&s.name), s.addresses.clone(), s.is_marked());
         s.mcs.clone().map(|c| (c, Some(policy)))
     }));
     all
@@ -130,9 +131,15 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
             continue;
         };
         let mut view = c.view(g)?;
-        if let (Some((remote, policy)), McsView::Exports { slices, .. }) = (policy, &mut view) {
+        if let (Some((remote, policy, marked)), McsView::Exports { slices, .. }) =
+            (policy, &mut view)
+        {
             let (kept, r) = super::pass::admitted(std::mem::take(slices), &policy, &local);
-            *slices = kept;
+            *slices = if marked {
+                kept.iter().map(|s| Arc::new(not_ready(s))).collect()
+            } else {
+                kept
+            };
             if !r.is_empty() {
                 refused.push((remote, r));
             }

@@ -41,7 +41,10 @@ fn read(ctl: &Weak<Controller>) -> Vec<RemoteReading> {
                 .get()
                 .and_then(|c| c.expiry)
                 .map(|t| t.as_second()),
-            stale: s.stale_after.map(|_| s.is_marked()),
+            stale: s
+                .stale_after
+                .map(|_| s.marked.load(std::sync::atomic::Ordering::SeqCst)),
+            cut_off: s.probe_after.map(|_| s.is_cut_off()),
             mcs_name_refused: s
                 .mcs
                 .as_ref()

@@ -38,6 +38,8 @@ pub struct Observation {
     pub conflicts: usize,
     /// when its credential expires (see [`crate::remotes::credentials`])
     pub credential_expiry: Option<Timestamp>,
+    /// what the data-path probe finds ("reachable", "cut off"); None without the probe
+    pub data_path: Option<&'static str>,
 }
 
 /// The annotation and label keys, under the label key's prefix.
@@ -51,6 +53,7 @@ pub struct Keys {
     pub exports: String,
     pub conflicts: String,
     pub credential_expiry: String,
+    pub data_path: String,
 }
 
 impl Keys {
@@ -65,6 +68,7 @@ impl Keys {
             exports: opts.annotation("exports"),
             conflicts: opts.annotation("conflicts"),
             credential_expiry: opts.annotation("credential-expiry"),
+            data_path: opts.annotation("data-path"),
         }
     }
 }
@@ -160,6 +164,10 @@ pub fn desired(
     ann.insert(keys.conflicts.clone(), o.conflicts.to_string());
     let expiry = o.credential_expiry.map(stamp).unwrap_or_default();
     ann.insert(keys.credential_expiry.clone(), expiry);
+    ann.insert(
+        keys.data_path.clone(),
+        o.data_path.unwrap_or_default().to_string(),
+    );
 
     let live_spec = live.and_then(|l| l.spec.clone()).unwrap_or_default();
     let mut spec = live_spec.clone();
@@ -269,6 +277,13 @@ impl Keeper {
                     conflicts: usize::try_from(per_remote.get(&*s.name).copied().unwrap_or(0))
                         .unwrap_or(0),
                     credential_expiry: s.credential.get().and_then(|c| c.expiry),
+                    data_path: s.probe_after.map(|_| {
+                        if s.is_cut_off() {
+                            "cut off"
+                        } else {
+                            "reachable"
+                        }
+                    }),
                 }
             })
             .collect()
@@ -362,6 +377,7 @@ mod tests {
             exports: 3,
             conflicts: 1,
             credential_expiry: None,
+            data_path: None,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Known {
     pub stale_after: Option<Duration>,
     /// the networks its addresses must be in (empty: any that is not local, unless strict)
     pub allowed_cidrs: Vec<ipnet::IpNet>,
+    /// its data-path probe (see [`super::probe`])
+    pub probe_after: Option<Duration>,
     /// what it may cost (see `crate::state::budget`)
     pub budget: crate::state::budget::Limits,
     /// whether its ExternalName Services are mirrored
@@ -50,6 +52,7 @@ pub fn join(
     };
     let state = RemoteState::new(&remote.name, opts, settings.namespaces.clone())
         .with_stale_after(known.stale_after)
+        .with_probe_after(known.probe_after)
         .with_addresses(addresses)
         .with_budget(known.budget)
         .with_mcs(settings.mcs, cluster_id.as_deref());
@@ -99,6 +102,8 @@ pub async fn static_remotes(
             cluster_id: id,
             stale_after: settings.stale_after,
             allowed_cidrs: settings.allowed_cidrs.clone(),
+            // a Secret remote's annotation only
+            probe_after: None,
             budget: settings.budget,
             allow_external_name: settings.allow_external_name,
         };

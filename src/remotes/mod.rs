@@ -9,6 +9,7 @@ pub mod gauges;
 pub mod health;
 pub mod join;
 pub mod outage;
+pub mod probe;
 pub mod remote_secret;
 pub mod secrets;
 

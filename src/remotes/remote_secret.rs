@@ -15,6 +15,10 @@ pub const NAME_KEY: &str = "fair.com/cross-cluster-name";
 pub const DATA_KEY: &str = "kubeconfig";
 /// The Secret annotation that turns on the outage policy for its remote (see `crate::remotes::outage`).
 pub const STALE_AFTER_KEY: &str = "fair.com/cross-cluster-stale-after";
+/// The Secret annotation that turns on the data-path probe for its remote (see
+/// `crate::remotes::probe`): how long every probe must fail before its endpoints are published
+/// as not ready.
+pub const PROBE_AFTER_KEY: &str = "fair.com/cross-cluster-probe-after";
 /// The Secret annotation listing the networks (CIDRs, comma-separated) its remote's addresses
 /// must be in (see `crate::desired::addresses`).
 pub const ALLOWED_CIDRS_KEY: &str = "fair.com/cross-cluster-allowed-cidrs";
@@ -84,6 +88,8 @@ pub struct Candidate {
     pub stale_after: Option<Duration>,
     /// the networks its addresses must be in (annotation [`ALLOWED_CIDRS_KEY`])
     pub allowed_cidrs: Vec<ipnet::IpNet>,
+    /// the data-path probe (annotation [`PROBE_AFTER_KEY`])
+    pub probe_after: Option<Duration>,
     /// its budget, where the annotations set one
     pub budget: BudgetOverride,
     /// its ExternalName Services are mirrored (annotation [`ALLOW_EXTERNAL_NAME_KEY`])
@@ -121,6 +127,11 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
         None => None,
     };
+    let probe_after = match s.annotations().get(PROBE_AFTER_KEY) {
+        Some(v) => crate::span::parse_optional(v)
+            .map_err(|e| format!("annotation {PROBE_AFTER_KEY}: {e}"))?,
+        None => None,
+    };
     let allow_external_name = match s
         .annotations()
         .get(ALLOW_EXTERNAL_NAME_KEY)
@@ -152,12 +163,17 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
     }
     // a changed budget is a rotation too
     policy.push_str(&budget.text());
+    if let Some(d) = probe_after {
+        // only when set: a Secret without it hashes as before
+        policy.push_str(&format!("\nprobe={}", d.as_millis()));
+    }
     Ok(Candidate {
         name,
         kubeconfig,
         hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
         stale_after,
         allowed_cidrs,
+        probe_after,
         budget,
         allow_external_name,
     })
@@ -222,6 +238,20 @@ mod tests {
         // a name that only contains it is any other name
         let c = read_secret(&secret(json!({NAME_KEY: "local-east"}), Some(KUBECONFIG)));
         assert_eq!(c.expect("another name").name, "local-east");
+    }
+
+    #[test]
+    fn the_probe_annotation_turns_the_probe_on_and_changes_the_hash() {
+        let plain = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert_eq!(plain.probe_after, None);
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations = Some([(PROBE_AFTER_KEY.to_string(), "5s".to_string())].into());
+        let probed = read_secret(&s).unwrap();
+        assert_eq!(probed.probe_after, Some(Duration::from_secs(5)));
+        assert_ne!(probed.hash, plain.hash, "a rotation");
+        s.metadata.annotations = Some([(PROBE_AFTER_KEY.to_string(), "soon".to_string())].into());
+        let why = read_secret(&s).unwrap_err();
+        assert!(why.contains(PROBE_AFTER_KEY), "{why}");
     }
 
     #[test]

@@ -260,6 +260,7 @@ impl Source {
             cluster_id: Some(id.clone()),
             stale_after: c.stale_after,
             allowed_cidrs: c.allowed_cidrs,
+            probe_after: c.probe_after,
             budget: c.budget.over(self.settings.budget),
             allow_external_name: c.allow_external_name,
         };

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub remote_changes: Family<ByChange, Counter>,
     pub remote_secrets_refused: Gauge,
     pub credential_renewals: PerRemote<ByRemoteOutcome, Counter>,
+    pub probes: PerRemote<ByRemoteOutcome, Counter>,
     pub labels_refused: PerRemote<ByRemoteReason, Counter>,
     pub taken_over: PerRemote<ByRemote, Counter>,
 }
@@ -72,6 +73,7 @@ impl Default for Metrics {
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
             credential_renewals: PerRemote::new(&gone),
+            probes: PerRemote::new(&gone),
             labels_refused: PerRemote::new(&gone),
             taken_over: PerRemote::new(&gone),
             departed: gone,
@@ -171,6 +173,11 @@ impl Default for Metrics {
             "remote_credential_renewals",
             "Renewals of the remote's token by outcome (renewed, failed)",
             m.credential_renewals.clone(),
+        );
+        registry.register(
+            "remote_probes",
+            "Data-path probe rounds of a remote with the probe, by outcome: reachable (a TCP connect to one of its endpoints was answered, accepted or refused), unreachable (none was)",
+            m.probes.clone(),
         );
         registry.register(
             "labels_refused",
@@ -304,6 +311,7 @@ impl Metrics {
         self.watch_requests.forget(remote);
         self.remote_stale_transitions.forget(remote);
         self.credential_renewals.forget(remote);
+        self.probes.forget(remote);
         self.labels_refused.forget(remote);
         self.taken_over.forget(remote);
     }

@@ -167,11 +167,13 @@ pub struct RemoteReading {
     pub stale: Option<bool>,
     /// None without the MCS API
     pub mcs_name_refused: Option<bool>,
+    /// None without the data-path probe
+    pub cut_off: Option<bool>,
 }
 
 /// The gauge families [`RemoteGauges`] publishes: (name, help). Registered families are listed
 /// in `registry.register` calls; these are the rest (`tests/reference.rs` counts both).
-pub const REMOTE_GAUGES: [(&str, &str); 8] = [
+pub const REMOTE_GAUGES: [(&str, &str); 9] = [
     (
         "followers",
         "Leaders this remote exports (each mirrored into one local follower, merged with other remotes' exports of the same namespace/name)",
@@ -200,6 +202,10 @@ pub const REMOTE_GAUGES: [(&str, &str); 8] = [
     (
         "mcs_name_refused",
         "1 while the MCS cluster name this remote claims is refused because another cluster (or the local one) holds it; its exports wait",
+    ),
+    (
+        "remote_cut_off",
+        "1 while the data-path probe finds this remote's endpoints unreachable (every probe failed for probe_after): they are published as not ready; only for a remote with the probe",
     ),
 ];
 
@@ -260,7 +266,17 @@ impl Collector for RemoteGauges {
                 .filter_map(|x| f(x).map(|v| (by_remote(x), v)))
                 .collect()
         };
-        let [followers, conflicts, up, budget, since, expiry, stale, mcs] = REMOTE_GAUGES;
+        let [
+            followers,
+            conflicts,
+            up,
+            budget,
+            since,
+            expiry,
+            stale,
+            mcs,
+            cut,
+        ] = REMOTE_GAUGES;
         gauge(&mut e, followers, by(|x| Some(x.followers)))?;
         let per_kind = r.iter().flat_map(|x| {
             x.export_conflicts.iter().map(|(kind, n)| {
@@ -278,6 +294,7 @@ impl Collector for RemoteGauges {
         gauge(&mut e, since, since_list)?;
         gauge(&mut e, expiry, by(|x| x.credential_expiry))?;
         gauge(&mut e, stale, by(|x| x.stale.map(i64::from)))?;
-        gauge(&mut e, mcs, by(|x| x.mcs_name_refused.map(i64::from)))
+        gauge(&mut e, mcs, by(|x| x.mcs_name_refused.map(i64::from)))?;
+        gauge(&mut e, cut, by(|x| x.cut_off.map(i64::from)))
     }
 }

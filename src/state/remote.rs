@@ -26,6 +26,11 @@ pub struct RemoteState {
     pub stale_after: Option<std::time::Duration>,
     /// true while the outage policy marks its endpoints not ready
     pub marked: AtomicBool,
+    /// the data-path probe: after every probe of its endpoints failed this long, they are
+    /// published as not ready (see `crate::remotes::probe`)
+    pub probe_after: Option<std::time::Duration>,
+    /// true while the probe finds its data path cut
+    pub cut_off: AtomicBool,
     /// what its credential says (expiry), set once when it joins (see [`crate::remotes::credentials`])
     pub credential: std::sync::OnceLock<Credential>,
     /// its part in the Multi-Cluster Services API (`--mcs`)
@@ -54,6 +59,8 @@ impl RemoteState {
             ),
             stale_after: None,
             marked: AtomicBool::new(false),
+            probe_after: None,
+            cut_off: AtomicBool::new(false),
             credential: std::sync::OnceLock::new(),
             mcs: None,
             addresses: Default::default(),
@@ -148,9 +155,39 @@ impl RemoteState {
         self
     }
 
-    /// Whether the outage policy marks this remote's endpoints not ready now.
+    /// With the data-path probe (see `crate::remotes::probe`).
+    pub fn with_probe_after(mut self, probe_after: Option<std::time::Duration>) -> Self {
+        self.probe_after = probe_after;
+        self
+    }
+
+    /// Whether its endpoints are published as not ready now: the outage policy marks them, or
+    /// the probe finds its data path cut.
     pub fn is_marked(&self) -> bool {
-        self.marked.load(Ordering::SeqCst)
+        self.marked.load(Ordering::SeqCst) || self.is_cut_off()
+    }
+
+    /// Whether the probe finds its data path cut now.
+    pub fn is_cut_off(&self) -> bool {
+        self.cut_off.load(Ordering::SeqCst)
+    }
+
+    /// Up to `n` addresses of its ready endpoints to probe, with the port of their slice: those
+    /// of the `round`-th exported Service (in key order, wrapping), a few decoded per round.
+    pub fn probe_targets(&self, round: usize, n: usize) -> Vec<std::net::SocketAddr> {
+        let keys: Vec<GroupKey> = self.services.read().keys().cloned().collect();
+        // a few Services decoded per round at most, even when none has a ready endpoint
+        for i in 0..keys.len().min(16) {
+            let g = &keys[(round + i) % keys.len()];
+            let Ok(slices) = self.slices_of(g) else {
+                continue;
+            };
+            let targets = crate::desired::probe_targets(&slices, n);
+            if !targets.is_empty() {
+                return targets;
+            }
+        }
+        Vec::new()
     }
 
     pub fn ready(&self) -> bool {
