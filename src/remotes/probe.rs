@@ -7,7 +7,9 @@
 //! [`PER_ROUND`] of its ready endpoints (those of one exported Service, the next one each round),
 //! each bounded by [`CONNECT_TIMEOUT`]. A round is *reachable* when one connect is answered,
 //! accepted or refused (a refusal still crossed the path), *unreachable* when none is. A remote
-//! with no ready endpoint to probe has no round: nothing is known.
+//! with no ready endpoint to probe has no round: nothing is known. Only addresses its address
+//! policy admits are probed (the addresses its followers and imports may hold): a hostile
+//! remote's slices cannot make the daemon knock on local or reserved addresses.
 //!
 //! Once its rounds have been unreachable for `probe_after`, the remote is *cut off*: its
 //! endpoints are published as not ready (`ready: false, serving: false`) in every follower and
@@ -66,11 +68,23 @@ pub async fn run(ctl: Arc<Controller>) {
         n = n.wrapping_add(1);
         let members = ctl.remotes().states();
         dampers.retain(|name, _| members.iter().any(|m| m.name == *name));
+        // no address is judged before the local networks are known
+        if !ctl.local().networks.ready() {
+            continue;
+        }
         for s in members {
             let Some(after) = s.probe_after else {
                 continue;
             };
-            let Some(reachable) = round(&s.probe_targets(n, PER_ROUND)).await else {
+            // only addresses its policy lets reach a local object: a remote's slices are
+            // untrusted, and the probe must not knock on what they may not name
+            let local = ctl.local().networks.current();
+            let targets: Vec<SocketAddr> = s
+                .probe_targets(n, PER_ROUND)
+                .into_iter()
+                .filter(|t| s.addresses.judge(&t.ip().to_string(), &local).is_ok())
+                .collect();
+            let Some(reachable) = round(&targets).await else {
                 continue;
             };
             let outcome = if reachable {
