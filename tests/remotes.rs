@@ -681,6 +681,18 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
 
     let t0 = Instant::now();
     for (name, context) in [("east", REMOTE), ("south", SOUTH)] {
+        if name == "south" {
+            // the remote a follower first records as its origin keeps its Service-level fields
+            // (desired::merge): east, the older, must have been mirrored before south joins, or
+            // a south listed first (east is the bed's busiest cluster) would be the origin
+            eventually("clash mirrored from east alone", WAIT, || async {
+                let c = present(&west, "clash").await?;
+                (port_names(&c) == [("http".to_string(), 80)])
+                    .then_some(())
+                    .ok_or(format!("{:?}", port_names(&c)))
+            })
+            .await;
+        }
         let kc = kubeconfig_of(context, |_| {}).await;
         let mut secret = remote_secret(name, None, Some(&kc));
         // `kind-ext` below is an ExternalName export, refused unless its remote is allowed them
@@ -842,10 +854,10 @@ async fn a_service_exported_by_two_remotes_is_one_follower_and_each_remote_takes
         Report {
             id: "41-merged-follower-two-remotes",
             scenario: "One Service exported by two remotes: one follower, per-remote slices, conflicts, each remote leaving alone",
-            done: "east and south both export `both` (south adds a port), `clash` (same port name, another number), `kind-type` (south headless), `kind-ext` (east ExternalName, south ClusterIP with endpoints) and `kind-aff` (south ClientIP affinity), east's leaders older; south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
+            done: "east and south both export `both` (south adds a port), `clash` (same port name, another number), `kind-type` (south headless), `kind-ext` (east ExternalName, south ClusterIP with endpoints) and `kind-aff` (south ClientIP affinity), east's leaders older and east's Secret applied first (south's once east's `clash` is mirrored: the first origin keeps its fields); south also exports `only-south`; then south's `both` deleted, then south's Secret deleted",
             converge: Some(merged_in),
             note: format!(
-                "converged in: Secrets applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; east's type, ExternalName (no endpoints) and affinity kept, kind=type 2 and kind=session_affinity 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid, no series of south left on /metrics (its export conflicts included)",
+                "converged in: east's Secret applied to one follower with both remotes' slices (ports the union by name; MCS source-cluster labels); `clash` kept east's port, ServiceConflict Event and xcc_export_conflicts{{remote=south,kind=port}} 1; east's type, ExternalName (no endpoints) and affinity kept, kind=type 2 and kind=session_affinity 1; south's leader deleted: only its slice went, the Service kept its uid; south left: `only-south` deleted {:.1} s after its Secret (2 s grace), merged followers kept their uid, no series of south left on /metrics (its export conflicts included)",
                 left.as_secs_f64()
             ),
         },
