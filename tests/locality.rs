@@ -56,6 +56,17 @@ fn touched_by_the_daemon(
         .collect()
 }
 
+/// The daemon in west with `--mcs`, reading east.
+fn mcs_daemon_args(ns: &str) -> Vec<String> {
+    let mut args = with_flag(
+        with_flag(args_for(ns), "--local-context", WEST),
+        "--remote-context",
+        EAST,
+    );
+    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    args
+}
+
 /// `web` (2 pods) in `cluster`, its Service asking for PreferClose, exported.
 async fn web(c: &Client, ns: &str, cluster: &str) {
     traffic::web(c, ns, cluster, 2, false).await;
@@ -65,14 +76,6 @@ async fn web(c: &Client, ns: &str, cluster: &str) {
         .await
         .unwrap_or_else(|e| panic!("{cluster}: PreferClose on web: {e}"));
     support::mcs::export(c, ns, "web").await;
-}
-
-async fn scale(c: &Client, ns: &str, replicas: i32) {
-    let patch = json!({"spec": {"replicas": replicas}});
-    Api::<Deployment>::namespaced(c.clone(), ns)
-        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("scale west's web to {replicas}: {e}"));
 }
 
 /// The zone of each pod's node: pod name to zone.
@@ -166,12 +169,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     let east_pods = settled_web_pods(&east, &ns.name, 2, &none).await;
     let west_pods = settled_web_pods(&west, &ns.name, 2, &none).await;
 
-    let mut args = with_flag(
-        with_flag(args_for(&ns.name), "--local-context", WEST),
-        "--remote-context",
-        EAST,
-    );
-    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let args = mcs_daemon_args(&ns.name);
     let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     // the hints: west's endpoints name west's zones, east's none of them
@@ -223,7 +221,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
     // failover: west's pods scaled to 0 gracefully
     let t1 = now_ms();
-    scale(&west, &ns.name, 0).await;
+    scale_deployment(&west, &ns.name, "web", 0).await;
     let east_names: BTreeSet<String> = east_pods.keys().cloned().collect();
     let first_east = load.answered_by(t1, &east_names).await;
     settled_web_pods(&west, &ns.name, 0, &none).await;
@@ -234,7 +232,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
     // failback: west's pods return, and west's client goes home
     let t3 = now_ms();
-    scale(&west, &ns.name, 2).await;
+    scale_deployment(&west, &ns.name, "web", 2).await;
     let old: BTreeSet<String> = west_pods.keys().cloned().collect();
     let back = settled_web_pods(&west, &ns.name, 2, &old).await;
     let ready_at = now_ms();
@@ -442,6 +440,15 @@ async fn kill(cluster: &'static str, ns: &str, client: &str, pods: &[&BTreeMap<S
     assert!(out.is_err(), "a web process answered /exit: {out:?}");
 }
 
+/// How many answers of `t` came from `pods`.
+fn answers_by(t: &Tally, pods: &BTreeSet<String>) -> usize {
+    t.by_pod
+        .iter()
+        .filter(|(p, _)| pods.contains(*p))
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// One event's counts: (the cross-cluster client's tally, the floor client's tally).
 fn side_by_side(what: &str, west: &Tally, floor: &Tally) -> String {
     format!(
@@ -475,12 +482,7 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     let floor_a = ready_pods(&west, &ns.name, "half=floor-a", 2).await;
     let floor_b = ready_pods(&west, &ns.name, "half=floor-b", 2).await;
 
-    let mut args = with_flag(
-        with_flag(args_for(&ns.name), "--local-context", WEST),
-        "--remote-context",
-        EAST,
-    );
-    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
+    let args = mcs_daemon_args(&ns.name);
     let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     hinted(&west, &ns.name, 2).await;
@@ -573,7 +575,13 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
         side_by_side("failback", &failback.0, &failback.1),
         format!("  home {} ms (floor {} ms) after the pods were ready", home - ready_at, floor_home - ready_at),
         side_by_side("killed (restarted in place)", &killed.0, &killed.1),
-        format!("  home again {} ms (floor {} ms) after the kill", back - t5, floor_back - t5),
+        format!(
+            "  home again {} ms (floor {} ms) after the kill; meanwhile answered by east {} times (the floor by zone b {} times): a kill the kubelet restarts before it reports the pod not ready fails over nowhere, in-cluster too",
+            back - t5,
+            floor_back - t5,
+            answers_by(&killed.0, &names(&east_web)),
+            answers_by(&killed.1, &names(&floor_b))
+        ),
     ]
     .join("\n");
     println!("{report}");
@@ -594,25 +602,16 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     // that reaches kube-proxy just after the floor's waits for its next sync, at most its
     // minSyncPeriod (1 s) later, RATE requests at most
     let slack = RATE as usize;
-    for (what, (ours, floor)) in [
-        ("graceful", &graceful),
-        ("failback", &failback),
-        ("killed", &killed),
+    // a graceful scale-down keeps serving for 5 s after SIGTERM and a failback removes nothing:
+    // no lag of ours can cost a request there, so no slack
+    for (what, (ours, floor), allowed) in [
+        ("graceful", &graceful, 0),
+        ("failback", &failback, 0),
+        ("killed", &killed, slack),
     ] {
         assert!(
-            ours.failed <= floor.failed + slack,
-            "{what}: more failures than the floor (+{slack}):\n{report}"
+            ours.failed <= floor.failed + allowed,
+            "{what}: more failures than the floor (+{allowed}):\n{report}"
         );
     }
-    // and each failed over while its pods restarted: answered by the other side meanwhile
-    let east_names = names(&east_web);
-    let floor_b_names = names(&floor_b);
-    assert!(
-        killed.0.by_pod.keys().any(|p| east_names.contains(p)),
-        "west's client was not answered by east while west's pods restarted:\n{report}"
-    );
-    assert!(
-        killed.1.by_pod.keys().any(|p| floor_b_names.contains(p)),
-        "the floor's client was not answered by zone b while zone a restarted:\n{report}"
-    );
 }
