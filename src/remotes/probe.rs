@@ -72,19 +72,23 @@ pub async fn run(ctl: Arc<Controller>) {
         if !ctl.local().networks.ready() {
             continue;
         }
-        for s in members {
-            let Some(after) = s.probe_after else {
-                continue;
-            };
-            // only addresses its policy lets reach a local object: a remote's slices are
-            // untrusted, and the probe must not knock on what they may not name
-            let local = ctl.local().networks.current();
-            let targets: Vec<SocketAddr> = s
-                .probe_targets(n, PER_ROUND)
-                .into_iter()
-                .filter(|t| s.addresses.judge(&t.ip().to_string(), &local).is_ok())
-                .collect();
-            let Some(reachable) = round(&targets).await else {
+        // every remote's round at once: one cut-off remote's timeouts delay no other's
+        let local = ctl.local().networks.current();
+        let rounds = members
+            .into_iter()
+            .filter(|s| s.probe_after.is_some())
+            .map(|s| {
+                // only addresses its policy lets reach a local object: a remote's slices are
+                // untrusted, and the probe must not knock on what they may not name
+                let targets: Vec<SocketAddr> = s
+                    .probe_targets(n, PER_ROUND)
+                    .into_iter()
+                    .filter(|t| s.addresses.judge(&t.ip().to_string(), &local).is_ok())
+                    .collect();
+                async move { (round(&targets).await, s) }
+            });
+        for (reachable, s) in futures::future::join_all(rounds).await {
+            let (Some(reachable), Some(after)) = (reachable, s.probe_after) else {
                 continue;
             };
             let outcome = if reachable {
