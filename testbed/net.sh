@@ -128,6 +128,41 @@ EOF
   mv "$nd/cni/.10-pods.tmp" "$nd/cni/10-pods.conflist"
 }
 
+# The peering between two clusters' pod networks, cut and mended (`bed cut A B`, `bed mend A B`):
+# an nftables table of the bed's namespace drops what it forwards between A's pods or nodes and
+# B's, both ways, as a lost VPC peering or a security group would. Only forwarded packets: the
+# API servers (addresses of the bed's own), the kubelets' probes of their pods and the tests
+# (which all run in the bed's namespace) still reach every pod, so each cluster sees itself
+# healthy while the other's pods time out.
+cut_table() {
+  local a b
+  a=$(cluster_index "$1")
+  b=$(cluster_index "$2")
+  if [ "$a" -le "$b" ]; then echo "xcc_cut_${a}_$b"; else echo "xcc_cut_${b}_$a"; fi
+}
+cluster_nets() { echo "{ $(cluster_pod_cidr "$1"), 10.250.$(($(cluster_index "$1") + 1)).0/24 }"; }
+cut_between() {
+  local t a b
+  t=$(cut_table "$1" "$2")
+  a=$(cluster_nets "$1")
+  b=$(cluster_nets "$2")
+  mend_between "$1" "$2"
+  nft -f - <<EOF
+table ip $t {
+  chain forward {
+    type filter hook forward priority filter - 10; policy accept;
+    ip saddr $a ip daddr $b counter drop
+    ip saddr $b ip daddr $a counter drop
+  }
+}
+EOF
+}
+mend_between() {
+  local t
+  t=$(cut_table "$1" "$2")
+  if nft list table ip "$t" >/dev/null 2>&1; then nft delete table ip "$t"; fi
+}
+
 # remove_node_netns CLUSTER I: its route, veth and namespace
 remove_node_netns() {
   local c=$1 i=$2 nd

@@ -1,0 +1,335 @@
+//! A remote whose pods cannot be reached while its API server answers (issue 28, part 3): the
+//! case no watch shows. The daemon runs as the chart installs it by default, a pod on west's pod
+//! network (no hostNetwork), reading east and north from remote Secrets; north's Secret opts in to
+//! the data-path probe. Then the peering between west's and north's pod networks is cut
+//! (`bed cut`: forwarded packets dropped both ways, the API servers and each cluster's own
+//! kubelets untouched, so north's pods stay Ready in north): west's client calling the follower
+//! loses the requests kube-proxy sends to north until the probe cuts north off, then none; the
+//! follower and its slices stay, north's endpoints published not ready. Mended: restored.
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, LogParams};
+use kube::{Api, Client, ResourceExt};
+use support::fault::{Lost, Report, conclude, snapshot};
+use support::metrics::series_value;
+use support::node::{
+    chart_image, node_cluster, node_cluster_with, pod_ready, wait_dns, workload_images,
+};
+use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
+use support::tools::{CHART, helm};
+use support::traffic::{self, Load, Tally, now_ms, settled_web_pods};
+use support::{bed, bed_cmd, client, eventually, namespace_in};
+
+/// The clusters of tests/traffic.rs.
+const EAST: &str = "traffic-east";
+const WEST: &str = "traffic-west";
+const NORTH: &str = "traffic-north";
+const RELEASE: &str = "xcc";
+/// Requests a second of the client.
+const RATE: u32 = 20;
+/// North's Secret's `fair.com/cross-cluster-probe-after`.
+const PROBE_AFTER_S: i64 = 3;
+/// The chart's admin port (its default).
+const ADMIN_PORT: u16 = 8080;
+/// How long the window after the cut-off lasts (ms).
+const AFTER_MS: i64 = 5000;
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Mends the cut when dropped, so a failing test leaves the pod networks joined.
+struct Mend;
+
+impl Drop for Mend {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(support::repo_root().join("testbed/bed"))
+            .args(["mend", WEST, NORTH])
+            .status();
+    }
+}
+
+async fn bed_do(args: &'static [&'static str]) {
+    tokio::task::spawn_blocking(move || bed_cmd(args))
+        .await
+        .expect("bed task");
+}
+
+/// `cluster`'s kubeconfig as a pod reaches it: the address its `kubernetes` Service sends to
+/// (its API server on the bed's network), not the bed's loopback, which a pod cannot reach.
+async fn pod_network_kubeconfig(cluster: &str) -> String {
+    let slices: Api<EndpointSlice> = Api::namespaced(client(cluster).await, "default");
+    let s = slices
+        .get("kubernetes")
+        .await
+        .unwrap_or_else(|e| panic!("{cluster}'s kubernetes EndpointSlice: {e}"));
+    let ip = s
+        .endpoints
+        .first()
+        .and_then(|e| e.addresses.first())
+        .cloned()
+        .expect("an API server address");
+    let port = s
+        .ports
+        .as_ref()
+        .and_then(|p| p.first())
+        .and_then(|p| p.port)
+        .expect("the API server's port");
+    kubeconfig_of(cluster, |kc| {
+        for c in kc.clusters.iter_mut().filter(|c| c.name == cluster) {
+            if let Some(c) = c.cluster.as_mut() {
+                c.server = Some(format!("https://{ip}:{port}"));
+            }
+        }
+    })
+    .await
+}
+
+/// The remote Secrets in west: east without the probe, north with it.
+async fn remote_secrets(west: &Client, ns: &str) {
+    let secrets: Api<Secret> = Api::namespaced(west.clone(), ns);
+    for (name, cluster, probe) in [("east", EAST, false), ("north", NORTH, true)] {
+        let kc = pod_network_kubeconfig(cluster).await;
+        let mut s = remote_secret(name, None, Some(&kc));
+        if probe {
+            s.metadata.annotations = Some(
+                [(
+                    "fair.com/cross-cluster-probe-after".to_string(),
+                    format!("{PROBE_AFTER_S}s"),
+                )]
+                .into(),
+            );
+        }
+        apply_secret(&secrets, &s).await;
+    }
+}
+
+/// The chart with its defaults where they matter here (one replica on the pod network, the
+/// admin port on the pod's address), this test's namespace and image.
+async fn install_chart(ns: &str) {
+    let bed = bed().await;
+    let mut c = helm(&bed.kubeconfig);
+    c.args(["install", RELEASE, CHART, "--kube-context", WEST, "-n", ns]);
+    for s in [
+        "image.repository=localhost/cross-cluster-controller".to_string(),
+        "image.tag=dev".into(),
+        "image.pullPolicy=Never".into(),
+        "replicaCount=1".into(),
+        format!("watchNamespaces={{{ns}}}"),
+        "leaseDurationSeconds=6".into(),
+        format!("fullnameOverride=xcc-{}", &ns[ns.len() - 8..]),
+        "remoteReader.enabled=false".into(),
+    ] {
+        c.args(["--set", &s]);
+    }
+    tokio::task::spawn_blocking(move || support::tools::run(&mut c))
+        .await
+        .expect("helm task");
+}
+
+/// The daemon's pod, Ready: its name and address.
+async fn daemon_pod(pods: &Api<Pod>) -> (String, String) {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    eventually("the daemon's pod Ready", WAIT, || async {
+        let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|p| pod_ready(p))
+            .and_then(|p| {
+                let ip = p.status.as_ref()?.pod_ip.clone()?;
+                Some((p.name_any(), ip))
+            })
+            .ok_or_else(|| format!("{} pods, none Ready", list.items.len()))
+    })
+    .await
+}
+
+/// The daemon's metrics, read from its pod's address as Prometheus would.
+async fn metrics(ip: &str) -> Result<String, String> {
+    let ip = ip.to_string();
+    tokio::task::spawn_blocking(move || {
+        support::daemon::http_get_at(&ip, ADMIN_PORT, "/metrics", Duration::from_secs(5))
+    })
+    .await
+    .expect("metrics task")
+    .and_then(|(code, body)| match code {
+        200 => Ok(body),
+        _ => Err(format!("/metrics: {code}")),
+    })
+}
+
+async fn wait_series(ip: &str, name: &str, labels: &[(&str, &str)], at_least: f64) -> i64 {
+    let what = support::metrics::series_text(name, labels) + &format!(" >= {at_least}");
+    eventually(&what, WAIT, || async {
+        let v = series_value(&metrics(ip).await?, name, labels)?;
+        (v >= at_least).then(now_ms).ok_or_else(|| format!("{v}"))
+    })
+    .await
+}
+
+/// The follower's endpoints at `ips` with their (ready, serving) conditions.
+async fn published(west: &Client, ns: &str, ips: &BTreeSet<String>) -> Vec<(String, bool, bool)> {
+    let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
+    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    let list = slices.list(&lp).await.expect("the follower's slices");
+    let mut out = Vec::new();
+    for e in list.items.iter().flat_map(|s| s.endpoints.iter()) {
+        for a in e.addresses.iter().filter(|a| ips.contains(*a)) {
+            let c = e.conditions.as_ref();
+            out.push((
+                a.clone(),
+                c.and_then(|c| c.ready).unwrap_or(true),
+                c.and_then(|c| c.serving).unwrap_or(true),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every web pod of `c`'s `ns` Ready, as its own kubelet sees it.
+async fn all_ready(c: &Client, ns: &str) -> bool {
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let lp = ListParams::default().labels("app=web");
+    let list = pods.list(&lp).await.expect("web pods");
+    !list.items.is_empty() && list.items.iter().all(pod_ready)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_nothing() {
+    node_cluster(EAST).await;
+    node_cluster_with(WEST, 2).await;
+    node_cluster(NORTH).await;
+    workload_images(&[EAST, WEST, NORTH]).await;
+    chart_image(WEST).await;
+    tokio::join!(wait_dns(EAST), wait_dns(WEST), wait_dns(NORTH));
+    let ns = namespace_in("data-path", &[EAST, WEST, NORTH]).await;
+    let (east, west, north) = (client(EAST).await, client(WEST).await, client(NORTH).await);
+    tokio::join!(
+        traffic::web(&east, &ns.name, EAST, 2, true),
+        traffic::web(&north, &ns.name, NORTH, 2, true)
+    );
+    let none = BTreeSet::new();
+    let east_pods = settled_web_pods(&east, &ns.name, 2, &none).await;
+    let north_pods = settled_web_pods(&north, &ns.name, 2, &none).await;
+    let north_ips: BTreeSet<String> = north_pods.values().cloned().collect();
+    remote_secrets(&west, &ns.name).await;
+    install_chart(&ns.name).await;
+    let pods: Api<Pod> = Api::namespaced(west.clone(), &ns.name);
+    let (pod, ip) = daemon_pod(&pods).await;
+    let logs = || async {
+        pods.logs(&pod, &LogParams::default())
+            .await
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    };
+
+    // both remotes behind west's follower, north probed and reachable
+    let bed_dir = bed().await.dir.clone();
+    traffic::proxy_targets(&bed_dir, WEST, &north_ips, false).await;
+    let url = format!("http://web.{}.svc.cluster.local/", ns.name);
+    let load = Load::start(&west, WEST, &ns.name, "load", &url, RATE).await;
+    let both: BTreeSet<String> = east_pods.keys().chain(north_pods.keys()).cloned().collect();
+    load.answered_by(now_ms(), &both).await;
+    let reachable = [("remote", "north"), ("outcome", "reachable")];
+    wait_series(&ip, "xcc_remote_probes_total", &reachable, 1.0).await;
+    let text = metrics(&ip).await.expect("metrics");
+    assert_eq!(
+        series_value(&text, "xcc_remote_cut_off", &[("remote", "north")]),
+        Ok(0.0)
+    );
+    assert!(
+        series_value(&text, "xcc_remote_cut_off", &[("remote", "east")]).is_err(),
+        "east has no probe"
+    );
+
+    // the peering cut: north's pods run on, Ready in north, unreachable from west
+    let before = snapshot(&west, &[&ns.name]).await;
+    let _mend = Mend;
+    let t0 = now_ms();
+    bed_do(&["cut", WEST, NORTH]).await;
+    let cut_off = wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 1.0).await;
+    let cut = traffic::proxy_targets(&bed_dir, WEST, &north_ips, true).await;
+    let recs = load.records_past(cut + AFTER_MS).await;
+    let (early, late) = (
+        Tally::of(&recs, t0, cut),
+        Tally::of(&recs, cut, cut + AFTER_MS),
+    );
+    let during = snapshot(&west, &[&ns.name]).await;
+    let marked = published(&west, &ns.name, &north_ips).await;
+    let text = metrics(&ip).await.expect("metrics");
+    let up = series_value(&text, "xcc_remote_up", &[("remote", "north")]);
+    let north_ready = all_ready(&north, &ns.name).await;
+
+    // mended: north's endpoints ready again, sent to again
+    bed_do(&["mend", WEST, NORTH]).await;
+    let t_back = now_ms();
+    wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 0.0).await;
+    let restored = eventually("north's endpoints ready again", WAIT, || async {
+        let p = published(&west, &ns.name, &north_ips).await;
+        (p.len() == north_ips.len() && p.iter().all(|(_, r, s)| *r && *s))
+            .then(now_ms)
+            .ok_or_else(|| format!("{p:?}"))
+    })
+    .await;
+    let back = load.answered_by(restored, &both).await;
+
+    let note = format!(
+        "north cut off {} s after the cut (probe-after {PROBE_AFTER_S} s, a round every 2 s), west's kube-proxy without north {} s after it; west's client before that: {}; in the {} s after it: {}, answered by {:?}; mended: north's endpoints ready again {} s later, answered by north again after {} s",
+        traffic::secs(t0, cut_off),
+        traffic::secs(t0, cut),
+        early.figures(),
+        AFTER_MS / 1000,
+        late.figures(),
+        late.by_cluster.keys().collect::<Vec<_>>(),
+        traffic::secs(t_back, restored),
+        traffic::secs(t_back, back),
+    );
+    println!("data path: {note}");
+    conclude(
+        Report {
+            id: "91-data-path-cut",
+            scenario: "a remote's pods unreachable while its API server answers (peering lost): the chart's pod on west's pod network, east and north behind its follower, north's Secret annotated fair.com/cross-cluster-probe-after: 3s",
+            done: "testbed/bed cut traffic-west traffic-north (forwarded packets between the two pod networks dropped both ways; API servers and kubelets untouched), then bed mend",
+            converge: Some(Duration::from_millis((restored - t_back).max(0) as u64)),
+            note: note.clone(),
+        },
+        &Lost::since(&before, &during, &["web".to_string()].into()),
+        &before.non_followers_touched(&during),
+    );
+    assert!(
+        north_ready,
+        "north's own kubelets must see its pods Ready throughout: the cut is west's path only"
+    );
+    assert_eq!(
+        up,
+        Ok(1.0),
+        "north's API server answers: the outage policy cannot see this"
+    );
+    assert!(
+        marked.len() == north_ips.len() && marked.iter().all(|(_, r, s)| !r && !s),
+        "north's endpoints stay in the follower, published not ready and not serving: {marked:?}\n{note}"
+    );
+    assert!(
+        cut_off - t0 >= PROBE_AFTER_S * 1000 && cut_off - t0 < 15_000,
+        "north cut off {} ms after the cut\n{}",
+        cut_off - t0,
+        logs().await
+    );
+    assert!(
+        early.failed > 0,
+        "the cut cost west's client nothing before the cut-off, so it cut nothing: {note}"
+    );
+    assert!(
+        late.sent > 0 && late.failed == 0,
+        "after the cut-off: {}",
+        late.figures()
+    );
+    assert_eq!(
+        late.by_cluster.keys().collect::<Vec<_>>(),
+        [EAST],
+        "only east answers after the cut-off"
+    );
+}
