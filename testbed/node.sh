@@ -47,9 +47,10 @@ node_name() { if [ "${2:-1}" = 1 ]; then echo "$1-node"; else echo "$1-node-$2";
 node_ip() { echo "127.0.0.${2:-1}"; }
 # node_zone CLUSTER [I]: node I's zone, given at registration (the kubelet's --node-labels; a
 # zone relabelled on a running node crashed kube-controller-manager 1.34.4's node lifecycle
-# controller here): one zone per node, <cluster>-a, <cluster>-b, ..., in the region <cluster>,
-# so no two clusters share a zone
-node_zone() { local letters=abcdefghi; echo "$1-${letters:$((${2:-1} - 1)):1}"; }
+# controller here): two zones per cluster, odd nodes in <cluster>-a, even ones in <cluster>-b, in
+# the region <cluster>, so no two clusters share a zone and a third node shares zone a with the
+# first (tests/locality.rs unplugs a node whose zone keeps another node)
+node_zone() { if [ $((${2:-1} % 2)) = 1 ]; then echo "$1-a"; else echo "$1-b"; fi; }
 # part_of_node BASE I: the name `testbed/bed kill` knows a part of node I by (kubelet, kubelet-2, ...)
 part_of_node() { if [ "${2:-1}" = 1 ]; then echo "$1"; else echo "$1-$2"; fi; }
 # the cgroup parent of node I's pods (see the header)

@@ -23,7 +23,7 @@ use support::node::{
 use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
 use support::tools::{CHART, helm};
 use support::traffic::{self, Load, Tally, now_ms, settled_web_pods};
-use support::{bed, bed_cmd, client, eventually, namespace_in};
+use support::{BedUndo, bed, bed_do, client, eventually, namespace_in};
 
 /// The clusters of tests/traffic.rs.
 const EAST: &str = "traffic-east";
@@ -39,24 +39,6 @@ const ADMIN_PORT: u16 = 8080;
 /// How long the window after the cut-off lasts (ms).
 const AFTER_MS: i64 = 5000;
 const WAIT: Duration = Duration::from_secs(120);
-
-/// Mends the cut when dropped, so a failing test leaves the pod networks joined.
-struct Mend;
-
-impl Drop for Mend {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(support::repo_root().join("testbed/bed"))
-            .args(["mend", WEST, NORTH])
-            .status();
-    }
-}
-
-async fn bed_do(args: &'static [&'static str]) {
-    tokio::task::spawn_blocking(move || bed_cmd(args))
-        .await
-        .expect("bed task");
-}
 
 /// `cluster`'s kubeconfig as a pod reaches it: the address its `kubernetes` Service sends to
 /// (its API server on the bed's network), not the bed's loopback, which a pod cannot reach.
@@ -247,7 +229,7 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
 
     // the peering cut: north's pods run on, Ready in north, unreachable from west
     let before = snapshot(&west, &[&ns.name]).await;
-    let _mend = Mend;
+    let _mend = BedUndo(&["mend", WEST, NORTH]);
     let t0 = now_ms();
     bed_do(&["cut", WEST, NORTH]).await;
     let cut_off = wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 1.0).await;

@@ -4,7 +4,9 @@
 //! pods (those of its own zone first) while they are ready, by east's when west's are scaled to
 //! 0, and by west's again when they return, every request answered. Then the same failovers
 //! side by side with their floor: the same event inside one cluster, where a Service with
-//! `PreferClose` loses the half of its pods in its client's zone and its other half stays.
+//! `PreferClose` loses the half of its pods in its client's zone and its other half stays:
+//! scaled to 0, back, killed in place, and their node unplugged (west's third node, which shares
+//! zone a with the clients' node).
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,7 +22,7 @@ use support::daemon::{Daemon, args_for, with_flag};
 use support::fault::{Lost, Report, Snapshot, conclude, snapshot};
 use support::node::{exec, node_cluster, node_cluster_with, wait_dns, workload_images};
 use support::traffic::{self, Load, Rec, Tally, now_ms, settled_web_pods};
-use support::{client, eventually, namespace_in};
+use support::{BedUndo, bed_do, client, eventually, namespace_in};
 
 /// The clusters of tests/traffic.rs (west with two nodes, in zones traffic-west-a and -b).
 const EAST: &str = "traffic-east";
@@ -158,7 +160,7 @@ async fn hinted(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     node_cluster(EAST).await;
-    node_cluster_with(WEST, 2).await;
+    node_cluster_with(WEST, 3).await;
     workload_images(&[EAST, WEST]).await;
     tokio::join!(wait_dns(EAST), wait_dns(WEST));
     let ns = namespace_in("locality", &[EAST, WEST]).await;
@@ -271,13 +273,16 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
 // ---- failover against its floor (issue 28, part 2) -------------------------------------------
 
-/// West's first zone (its node 1) and second (node 2): testbed/node.sh's `node_zone`.
-const ZONE_A: &str = "traffic-west-a";
-const ZONE_B: &str = "traffic-west-b";
+/// West's nodes (testbed/node.sh's `node_zone`): nodes 1 and 3 in zone traffic-west-a, node 2 in
+/// traffic-west-b. The clients run on node 1; the zone-a halves on node 3, which is unplugged.
+const NODE_1: &str = "traffic-west-node";
+const NODE_2: &str = "traffic-west-node-2";
+const NODE_3: &str = "traffic-west-node-3";
+const HOSTNAME: &str = "kubernetes.io/hostname";
 
-/// Deployment `name` (2 pods labelled app=`app`, `half`=`name`) on the nodes of `zone` (any node
-/// when None), with web's probe and grace (readiness every second, 5 s of serving after SIGTERM).
-async fn pods(c: &Client, ns: &str, cluster: &str, name: &str, app: &str, zone: Option<&str>) {
+/// Deployment `name` (2 pods labelled app=`app`, `half`=`name`) on `node` (any node when None),
+/// with web's probe and grace (readiness every second, 5 s of serving after SIGTERM).
+async fn pods(c: &Client, ns: &str, cluster: &str, name: &str, app: &str, node: Option<&str>) {
     let env = json!([
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "CLUSTER", "value": cluster},
@@ -292,7 +297,7 @@ async fn pods(c: &Client, ns: &str, cluster: &str, name: &str, app: &str, zone: 
                 "metadata": {"labels": {"app": app, "half": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": 15,
-                    "nodeSelector": zone.map(|z| json!({"topology.kubernetes.io/zone": z})),
+                    "nodeSelector": node.map(|n| json!({ HOSTNAME: n })),
                     "containers": [{
                         "name": "web", "image": support::node::WEB_IMAGE, "imagePullPolicy": "Never",
                         "env": env,
@@ -342,6 +347,24 @@ async fn ready_pods(c: &Client, ns: &str, selector: &str, n: usize) -> BTreeMap<
         }
     })
     .await
+}
+
+/// Fails unless `node` runs no CoreDNS pod: unplugging it must cut the web pods off, not every
+/// client's name lookups (CoreDNS was placed when the cluster had its first nodes).
+async fn dns_not_on(c: &Client, node: &str) {
+    let api: Api<Pod> = Api::namespaced(c.clone(), "kube-system");
+    let lp = ListParams::default().labels("k8s-app=kube-dns");
+    let list = api.list(&lp).await.expect("CoreDNS pods");
+    let on: Vec<String> = list
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .map(|p| p.name_any())
+        .collect();
+    assert!(
+        on.is_empty(),
+        "CoreDNS runs on {node}, which this test unplugs: {on:?}"
+    );
 }
 
 /// Waits until every pod labelled `selector` has restarted its container and is ready again.
@@ -461,21 +484,22 @@ fn side_by_side(what: &str, west: &Tally, floor: &Tally) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     node_cluster(EAST).await;
-    node_cluster_with(WEST, 2).await;
+    node_cluster_with(WEST, 3).await;
     workload_images(&[EAST, WEST]).await;
     tokio::join!(wait_dns(EAST), wait_dns(WEST));
+    dns_not_on(&client(WEST).await, NODE_3).await;
     let ns = namespace_in("locality-floor", &[EAST, WEST]).await;
     let (east, west) = (client(EAST).await, client(WEST).await);
-    // the import: west's web in zone a, east's web; both PreferClose and exported
-    pods(&west, &ns.name, WEST, "web", "web", Some(ZONE_A)).await;
+    // the import: west's web on node 3 (zone a), east's web; both PreferClose and exported
+    pods(&west, &ns.name, WEST, "web", "web", Some(NODE_3)).await;
     pods(&east, &ns.name, EAST, "web", "web", None).await;
     for c in [&west, &east] {
         prefer_close_service(c, &ns.name, "web").await;
         support::mcs::export(c, &ns.name, "web").await;
     }
-    // the floor: one Service in west, half its pods in zone a, half in zone b
-    pods(&west, &ns.name, WEST, "floor-a", "floor", Some(ZONE_A)).await;
-    pods(&west, &ns.name, WEST, "floor-b", "floor", Some(ZONE_B)).await;
+    // the floor: one Service in west, half its pods on node 3 (zone a), half on node 2 (zone b)
+    pods(&west, &ns.name, WEST, "floor-a", "floor", Some(NODE_3)).await;
+    pods(&west, &ns.name, WEST, "floor-b", "floor", Some(NODE_2)).await;
     prefer_close_service(&west, &ns.name, "floor").await;
     let west_web = ready_pods(&west, &ns.name, "half=web", 2).await;
     let east_web = ready_pods(&east, &ns.name, "half=web", 2).await;
@@ -486,27 +510,27 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     hinted(&west, &ns.name, 2).await;
-    // both clients in zone a
+    // both clients on node 1 (zone a)
     let import_url = format!("http://web.{}.svc.clusterset.local/", ns.name);
     let floor_url = format!("http://floor.{}.svc.cluster.local/", ns.name);
-    let load = Load::start_in(
+    let load = Load::start_on(
         &west,
         WEST,
         &ns.name,
         "load",
         &import_url,
         RATE,
-        Some(ZONE_A),
+        Some((HOSTNAME, NODE_1)),
     )
     .await;
-    let floor = Load::start_in(
+    let floor = Load::start_on(
         &west,
         WEST,
         &ns.name,
         "floor-load",
         &floor_url,
         RATE,
-        Some(ZONE_A),
+        Some((HOSTNAME, NODE_1)),
     )
     .await;
     let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<BTreeSet<String>>();
@@ -569,6 +593,28 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
         Tally::of(&floor.records_past(t6).await, t5, t6),
     );
 
+    // 4. unplugged: node 3, where both zone-a halves run, off the network without a word (its
+    // pods run on, unreachable; their kubelet's probes fail, so they turn not ready), then
+    // plugged in again
+    let _plug = BedUndo(&["plug", WEST, "3"]);
+    let t7 = now_ms();
+    bed_do(&["unplug", WEST, "3"]).await;
+    let (gone, floor_gone) = tokio::join!(
+        settled_on(&load, t7, names(&east_web), 2 * RATE as usize),
+        settled_on(&floor, t7, names(&floor_b), 2 * RATE as usize)
+    );
+    let t8 = now_ms();
+    bed_do(&["plug", WEST, "3"]).await;
+    let (home3, floor_home3) = tokio::join!(
+        settled_on(&load, t8, names(&west_web), 2 * RATE as usize),
+        settled_on(&floor, t8, names(&floor_a), 2 * RATE as usize)
+    );
+    let t9 = now_ms() + TAIL;
+    let unplugged = (
+        Tally::of(&load.records_past(t9).await, t7, t9),
+        Tally::of(&floor.records_past(t9).await, t7, t9),
+    );
+
     let report = [
         side_by_side("graceful scale to 0", &graceful.0, &graceful.1),
         format!("  away: west's client on east's pods alone after {} ms, the floor's on zone b alone after {} ms", away.0 - t1, away.1 - t1),
@@ -582,6 +628,14 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
             answers_by(&killed.0, &names(&east_web)),
             answers_by(&killed.1, &names(&floor_b))
         ),
+        side_by_side("node unplugged, then plugged in", &unplugged.0, &unplugged.1),
+        format!(
+            "  away: west's client on east's pods alone after {} ms, the floor's on zone b alone after {} ms; home {} ms (floor {} ms) after the plug",
+            gone - t7,
+            floor_gone - t7,
+            home3 - t8,
+            floor_home3 - t8
+        ),
     ]
     .join("\n");
     println!("{report}");
@@ -590,8 +644,8 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     conclude(
         Report {
             id: "90-locality-failover-floor",
-            scenario: "the import of web (west's 2 pods in zone a, east's 2; PreferClose) beside its floor, one west Service floor (PreferClose) with 2 pods in zone a and 2 in zone b; both clients in zone a, 20 requests/s each",
-            done: "each zone-a half, at once: scaled to 0, scaled back, then killed in place (GET /exit, restarted by its kubelet)",
+            scenario: "the import of web (west's 2 pods on node 3 in zone a, east's 2; PreferClose) beside its floor, one west Service floor (PreferClose) with 2 pods on node 3 (zone a) and 2 on node 2 (zone b); both clients on node 1 (zone a), 20 requests/s each",
+            done: "each zone-a half, at once: scaled to 0, scaled back, killed in place (GET /exit, restarted by its kubelet), then node 3 unplugged (bed unplug) and plugged in again",
             converge: None,
             note: report.replace('\n', " "),
         },
@@ -608,6 +662,7 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
         ("graceful", &graceful, 0),
         ("failback", &failback, 0),
         ("killed", &killed, slack),
+        ("unplugged", &unplugged, slack),
     ] {
         assert!(
             ours.failed <= floor.failed + allowed,

@@ -24,7 +24,7 @@ use support::node::{
 use support::remotes::{apply_secret, kubeconfig_of, remote_secret, secrets_only_args};
 use support::tools::{CHART, helm};
 use support::traffic::{self, Load, Rec, Tally, now_ms, proxy_targets, secs, settled_web_pods};
-use support::{client, eventually, namespace_in, obj};
+use support::{bed_do, client, eventually, namespace_in, obj};
 use tokio::sync::OnceCell;
 
 /// Three clusters with nodes of their own; other tests never use them.
@@ -556,12 +556,6 @@ fn names(pods: &BTreeMap<String, String>) -> BTreeSet<String> {
 
 fn ips(pods: &BTreeMap<String, String>) -> BTreeSet<String> {
     pods.values().cloned().collect()
-}
-
-async fn bed_do(args: &'static [&'static str]) {
-    tokio::task::spawn_blocking(move || support::bed_cmd(args))
-        .await
-        .expect("bed task");
 }
 
 /// The remote Secret of `cluster` (named `name`), with annotations.

@@ -50,6 +50,29 @@ pub fn bed_cmd(args: &[&str]) -> String {
     bed_cmd_env(args, &[])
 }
 
+/// [`bed_cmd`] from async code (a blocking task).
+pub async fn bed_do(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        bed_cmd(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .expect("bed task")
+}
+
+/// Runs a testbed/bed command when dropped (`plug`, `mend`, ...), so a failing test leaves the
+/// bed as it found it for the tests after it. Errors are ignored: it runs while unwinding.
+pub struct BedUndo(pub &'static [&'static str]);
+
+impl Drop for BedUndo {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("testbed/bed"))
+            .args(self.0)
+            .status();
+    }
+}
+
 /// Brings up one extra cluster of the bed whose kube-apiserver gets `apiserver_args` (a cluster
 /// of its own, so its settings reach no other test); a no-op when it already runs.
 pub async fn extra_cluster(name: &'static str, apiserver_args: &'static str) {

@@ -151,20 +151,21 @@ impl Load {
         url: &str,
         rate: u32,
     ) -> Load {
-        Self::start_in(c, cluster, ns, name, url, rate, None).await
+        Self::start_on(c, cluster, ns, name, url, rate, None).await
     }
 
-    /// [`Load::start`] on a node of `zone` (its `topology.kubernetes.io/zone`), if given.
-    pub async fn start_in(
+    /// [`Load::start`] on a node labelled `on` (label, value), if given: a zone
+    /// (`topology.kubernetes.io/zone`) or one node (`kubernetes.io/hostname`).
+    pub async fn start_on(
         c: &Client,
         cluster: &'static str,
         ns: &str,
         name: &str,
         url: &str,
         rate: u32,
-        zone: Option<&str>,
+        on: Option<(&str, &str)>,
     ) -> Load {
-        let selector = zone.map(|z| json!({"topology.kubernetes.io/zone": z}));
+        let selector = on.map(|(label, value)| json!({ label: value }));
         let pod: Pod = obj(json!({
             "metadata": {"name": name, "labels": {"app": "load"}},
             "spec": {
