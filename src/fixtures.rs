@@ -45,6 +45,13 @@ const IDLE_WINDOW: Duration = Duration::from_millis(300);
 /// The remote cluster name the builders use.
 pub const REMOTE: &str = "remote-a";
 
+/// Where namespace `shop`'s Services, EndpointSlices and Events are (the builders' namespace).
+pub mod shop {
+    pub const SERVICES: &str = "/api/v1/namespaces/shop/services";
+    pub const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
+    pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+}
+
 type MockHandle = Handle<Request<Body>, Response<Body>>;
 
 /// A client whose every request goes to the returned [`ApiServer`].
@@ -215,6 +222,13 @@ pub fn created(body: Value) -> Reply {
     Reply::Json(StatusCode::CREATED, body)
 }
 
+/// 201 with an Event in namespace `shop`, as the events API answers a create.
+pub fn event_created() -> Reply {
+    created(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                   "metadata": {"name": "web.1", "namespace": "shop"},
+                   "eventTime": "2025-01-01T00:00:00.000000Z"}))
+}
+
 /// An error the way the API server sends it: a `metav1.Status` body with this code and reason
 /// (404 NotFound, 409 AlreadyExists or Conflict, 410 Expired, 500 InternalError...).
 pub fn status(code: u16, reason: &str) -> Reply {
@@ -299,6 +313,14 @@ impl ApiServer {
     pub async fn expect(&self, e: Expect, reply: Reply) -> Seen {
         let (seen, tx) = self.receive(&e).await;
         respond(tx, reply);
+        seen
+    }
+
+    /// Like [`expect`](Self::expect), with the answer made from what was sent (an API server
+    /// that echoes a create or a replace, with what it adds).
+    pub async fn answer(&self, e: Expect, reply: impl FnOnce(&Seen) -> Reply) -> Seen {
+        let (seen, tx) = self.receive(&e).await;
+        respond(tx, reply(&seen));
         seen
     }
 

@@ -1,12 +1,15 @@
 //! `cross-cluster-controller status`: the health of every remote as the local cluster's API
 //! shows it, read with the local cluster's credentials only (never a remote's, never the
 //! daemon's admin port): the remote health Leases the leader keeps, the election Lease, the
-//! followers and their slices, and the daemon's Events.
+//! followers and their slices, the daemon's Events, and (with the MCS API) each import's ready
+//! endpoints per cluster ([`imports`]).
 //!
 //! Exit codes: 0 every remote connected and a leader renewing; 1 something needs a look (a
 //! remote not connected or its Lease not renewed, no leader, or followers recording a remote no
 //! daemon reads); 2 the local cluster could not be read (or a bad flag); 3 all is well but a
-//! remote's credential expires within `--credential-expiry-threshold` (or has expired).
+//! remote's credential expires within `--credential-expiry-threshold` (or has expired). The
+//! imports' endpoints change no exit code: a cluster cut off is already one (its DATA PATH), a
+//! stale one is not connected, and a cluster with no ready endpoint may be scaled to zero.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +26,8 @@ use serde::Serialize;
 use crate::client::pages::{api_in, list_all, scopes};
 use crate::desired::{Options, Recorded, recorded, slice_recorded};
 use crate::remotes::health::{Keys, label_value};
+
+pub mod imports;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct StatusArgs {
@@ -110,6 +115,8 @@ pub struct Report {
     pub healthy: bool,
     /// remotes whose credential expires within the threshold (or has expired)
     pub credentials_expiring: Vec<String>,
+    /// the MCS imports that tell their endpoints per cluster
+    pub imports: Vec<imports::ImportStatus>,
 }
 
 /// What `report` reads, listed from the local cluster.
@@ -119,6 +126,8 @@ pub struct Inputs {
     pub services: Vec<ObjectMeta>,
     pub slices: Vec<ObjectMeta>,
     pub events: Vec<Event>,
+    /// our ServiceImports
+    pub imports: Vec<ObjectMeta>,
 }
 
 fn ago(t: Option<Timestamp>, now: Timestamp) -> Option<i64> {
@@ -158,6 +167,7 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
         unknown_remote_followers: unknown,
         healthy,
         credentials_expiring: Vec::new(),
+        imports: imports::imports(&inputs.imports),
     }
 }
 
@@ -403,6 +413,7 @@ pub fn table(r: &Report, now: Timestamp) -> String {
             out.push_str(&format!("  {f}\n"));
         }
     }
+    out.push_str(&imports::section(&r.imports));
     out
 }
 
@@ -534,6 +545,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, StatusError> {
         services.extend(list_meta(svc, &followers).await?);
         slices.extend(list_meta(sl, &followers).await?);
     }
+    let imports = imports::list(&c, &args.watch_namespaces).await?;
     let events: Api<Event> = Api::all(c);
     let events = events
         .list(&ListParams::default().fields("reportingComponent=cross-cluster-controller"))
@@ -546,6 +558,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, StatusError> {
         services,
         slices,
         events,
+        imports,
     };
     let mut r = report(&inputs, &opts, Timestamp::now());
     r.namespace = args.namespace.clone();
@@ -641,6 +654,7 @@ mod tests {
                 services: vec![],
                 slices: vec![],
                 events: vec![],
+                imports: vec![],
             }
         };
         let fine = report(&inputs("reachable"), &opts(), now());
@@ -672,6 +686,7 @@ mod tests {
                     "a/b (from east): local namespace missing",
                 ),
             ],
+            imports: vec![],
         };
         let r = report(&inputs, &opts(), now());
         assert!(r.healthy, "{r:?}");
@@ -708,6 +723,7 @@ mod tests {
             services: vec![],
             slices: vec![],
             events: vec![],
+            imports: vec![],
         };
         let r = report(&down, &opts(), now());
         assert!(!r.healthy);
@@ -720,6 +736,7 @@ mod tests {
             services: vec![],
             slices: vec![],
             events: vec![],
+            imports: vec![],
         };
         let r = report(&stale, &opts(), now());
         assert!(
@@ -733,6 +750,7 @@ mod tests {
             services: vec![],
             slices: vec![],
             events: vec![],
+            imports: vec![],
         };
         let r = report(&no_leader, &opts(), now());
         assert!(!r.healthy && !r.leader.as_ref().unwrap().fresh);
@@ -743,6 +761,7 @@ mod tests {
             services: vec![follower("web", "east,north"), follower("old", "gone")],
             slices: vec![],
             events: vec![],
+            imports: vec![],
         };
         let r = report(&unknown, &opts(), now());
         assert!(!r.healthy);
@@ -769,6 +788,7 @@ mod tests {
             services: vec![],
             slices: vec![],
             events: vec![],
+            imports: vec![],
         };
         let r = report(&inputs, &opts(), now());
         assert_eq!(r.remotes[0].credential_expires_in_seconds, Some(2 * 86400));

@@ -3,18 +3,17 @@
 use super::*;
 use crate::desired::test_support::{cluster_ip_service, endpoint, slice, web_ports};
 use crate::desired::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::fixtures::shop::{EVENTS, SERVICES, SLICES};
 use crate::fixtures::{
-    self, ApiServer, created, delete, get, loaded, ok, opts, post, put, run, status, terminating,
+    self, ApiServer, created, delete, event_created, get, loaded, ok, opts, post, put, run, status,
+    terminating,
 };
 use crate::state::LocalState;
 use crate::state::cache::Cache;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-const SERVICES: &str = "/api/v1/namespaces/shop/services";
 const WEB: &str = "/api/v1/namespaces/shop/services/web";
-const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
-const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 
 struct Setup {
     ctx: Ctx,
@@ -72,13 +71,6 @@ fn live_follower(uid: &str, resource_version: &str) -> Value {
     v
 }
 
-/// What the events API returns for a created Event.
-fn event() -> fixtures::Reply {
-    created(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                   "metadata": {"name": "web.1", "namespace": "shop"},
-                   "eventTime": "2025-01-01T00:00:00.000000Z"}))
-}
-
 fn local_slice(name: &str, managed_by: &str, origin: &str) -> EndpointSlice {
     fixtures::obj(json!({
         "metadata": {"namespace": "shop", "name": name, "uid": format!("uid-{name}"),
@@ -110,7 +102,7 @@ async fn a_409_on_create_of_a_service_that_is_not_a_follower_leads_to_no_further
             "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}});
         s.api.expect(get(WEB), ok(theirs)).await;
         // reported on their object; no PUT, no DELETE
-        let ev = s.api.expect(post(EVENTS), event()).await;
+        let ev = s.api.expect(post(EVENTS), event_created()).await;
         assert_eq!(ev.body["reason"], "NotOurFollower");
         assert_eq!(ev.body["regarding"]["uid"], "uid-theirs");
     })
@@ -138,7 +130,7 @@ async fn a_local_follower_of_another_remote_is_never_written() {
         vec![],
     );
     let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
-        let ev = s.api.expect(post(EVENTS), event()).await;
+        let ev = s.api.expect(post(EVENTS), event_created()).await;
         assert_eq!(ev.body["reason"], "NotOurFollower");
     })
     .await
@@ -305,7 +297,7 @@ async fn a_missing_namespace_is_reported_not_created_unless_asked() {
             .api
             .expect(
                 post("/apis/events.k8s.io/v1/namespaces/default/events"),
-                event(),
+                event_created(),
             )
             .await;
         assert_eq!(ev.body["reason"], "NamespaceMissing");
@@ -326,7 +318,7 @@ async fn a_namespace_being_deleted_is_skipped_not_retried_and_not_created_again(
             .api
             .expect(
                 post("/apis/events.k8s.io/v1/namespaces/default/events"),
-                event(),
+                event_created(),
             )
             .await;
         assert_eq!(ev.body["reason"], "NamespaceMissing");
@@ -353,7 +345,7 @@ async fn slices_refused_by_a_namespace_being_deleted_end_the_pass_without_an_err
             .api
             .expect(
                 post("/apis/events.k8s.io/v1/namespaces/default/events"),
-                event(),
+                event_created(),
             )
             .await;
         assert_eq!(ev.body["reason"], "NamespaceMissing");
@@ -728,7 +720,7 @@ async fn an_event_refused_to_a_standby_is_still_sent_once_it_leads() {
     ));
     // leading now: the same Event (within the rate limit's interval) is sent
     run(&[&api], ev(), async {
-        api.expect(post(EVENTS), event()).await;
+        api.expect(post(EVENTS), event_created()).await;
     })
     .await;
 }
@@ -754,7 +746,7 @@ async fn a_follower_a_local_team_took_over_is_left_alone_and_only_our_slices_go(
             .expect(delete(&format!("{SLICES}/web-a")), gone())
             .await;
         assert_eq!(sent.body["preconditions"]["uid"], "uid-web-a");
-        let ev = s.api.expect(post(EVENTS), event()).await;
+        let ev = s.api.expect(post(EVENTS), event_created()).await;
         assert_eq!(ev.body["reason"], "FollowerTakenOver");
         assert_eq!(ev.body["regarding"]["uid"], "uid-web");
     })
@@ -786,7 +778,7 @@ async fn an_export_into_a_protected_namespace_writes_nothing() {
             .api
             .expect(
                 post("/apis/events.k8s.io/v1/namespaces/default/events"),
-                event(),
+                event_created(),
             )
             .await;
         assert_eq!(ev.body["reason"], "NamespaceProtected");

@@ -11,7 +11,7 @@
 //! records proves the key gone and none exports it. An import recording a cluster that proves
 //! nothing is held: its spec, its status and its derived Service stay as they are, and that
 //! cluster's slices are not touched.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
@@ -27,8 +27,8 @@ use super::proof::{Evidence, Proof};
 use super::writer::{Local, Written};
 use crate::desired::addresses::{AddressPolicy, Refused};
 use crate::desired::mcs::{
-    self, Change, ClusterExport, Grant, Here, Localized, Preference, ServiceExport, ServiceImport,
-    derived_name, import_is_ours, slice_source_cluster,
+    self, Change, ClusterExport, Grant, Here, Localized, Marks, Preference, ServiceExport,
+    ServiceImport, derived_name, import_is_ours, slice_source_cluster,
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome, Recorded, not_ready};
 use crate::error::{Error, Result};
@@ -41,10 +41,10 @@ struct Source {
     view: McsView,
 }
 
-/// A cluster read as an MCS source, with the address policy its slices pass and whether its
+/// A cluster read as an MCS source, with the address policy its slices pass and why its
 /// endpoints are published as not ready now (the outage policy, the data-path probe) (None: the
 /// local cluster, whose own endpoints are its own).
-type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy, bool)>);
+type Read = (Arc<McsCluster>, Option<(Arc<str>, AddressPolicy, Marks)>);
 
 /// Everything one key needs, taken under short read locks.
 struct Snapshot {
@@ -58,13 +58,19 @@ struct Snapshot {
     slices: Vec<Arc<EndpointSlice>>,
     /// what each remote's slices listed that its address policy refused
     refused: Vec<(Arc<str>, Refused)>,
+    /// the clusters (by the name they go by) whose endpoints are published not ready, and why
+    marks: BTreeMap<String, Marks>,
 }
 
 /// Every cluster read as an MCS source, the local one first.
 fn clusters(ctx: &Ctx, mcs: &McsLocal) -> Vec<Read> {
     let mut all: Vec<Read> = vec![(Arc::clone(&mcs.source), None)];
     all.extend(ctx.remotes.states().iter().filter_map(|s| {
-        let policy = (Arc::clone(&s.name), s.addresses.clone(), s.is_marked());
+        let marks = Marks {
+            cut_off: s.is_cut_off(),
+            stale: s.is_stale(),
+        };
+        let policy = (Arc::clone(&s.name), s.addresses.clone(), marks);
         s.mcs.clone().map(|c| (c, Some(policy)))
     }));
     all
@@ -121,6 +127,7 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
     let mut read = Vec::new();
     let mut unnamed = 0;
     let mut refused = Vec::new();
+    let mut marked = BTreeMap::new();
     let local = ctx.local.networks.current();
     for (c, policy) in clusters(ctx, mcs) {
         read.extend(former(&c));
@@ -131,11 +138,12 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
             continue;
         };
         let mut view = c.view(g)?;
-        if let (Some((remote, policy, marked)), McsView::Exports { slices, .. }) =
+        if let (Some((remote, policy, marks)), McsView::Exports { slices, .. }) =
             (policy, &mut view)
         {
             let (kept, r) = super::pass::admitted(std::mem::take(slices), &policy, &local);
-            *slices = if marked {
+            *slices = if marks.any() {
+                marked.insert(name.clone(), marks);
                 kept.iter().map(|s| Arc::new(not_ready(s))).collect()
             } else {
                 kept
@@ -171,6 +179,7 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
         derived,
         slices: mcs.slices.read().group(g)?,
         refused,
+        marks: marked,
     })
 }
 
@@ -342,6 +351,7 @@ async fn converge(
             return export_status(ctx, mcs, snap, local, &exports, None, wrote).await;
         };
         localize(ctx, mcs, key, &mut imp, &exports, local);
+        imp.mark_endpoints(&snap.marks);
         // a. the ServiceImport, b. its derived Service: a create (or recreate) answers with what
         // the next round derives from (the import's uid, the Service's ClusterIPs)
         if write_import(
@@ -781,3 +791,7 @@ async fn delete<K: Local>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "mcs_decision_tests.rs"]
+mod decision_tests;

@@ -696,12 +696,7 @@ mod tests {
         let (ev, on) = warning();
         run(&[&api], w.event(&ev, &on), async {
             let sent = api
-                .expect(
-                    post(EVENTS),
-                    created(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                                   "metadata": {"name": "web.1", "namespace": "shop"},
-                                   "eventTime": "2025-01-01T00:00:00.000000Z"})),
-                )
+                .expect(post(EVENTS), crate::fixtures::event_created())
                 .await;
             assert_eq!(sent.body["reason"], "NotOurFollower");
         })

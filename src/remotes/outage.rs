@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use crate::reconcile::worker::Controller;
 use crate::runtime::metrics::ByRemoteTo;
+use crate::state::RemoteState;
 use crate::state::cache::GroupKey;
 
 /// What a step changed.
@@ -110,9 +111,18 @@ pub async fn run(ctl: Arc<Controller>) {
             };
             s.marked.store(d.marked(), Ordering::SeqCst);
             report(&ctl, &s.name, t, after).await;
-            let keys: Vec<GroupKey> = s.services.read().keys().cloned().collect();
-            ctl.enqueue(keys);
+            requeue(&ctl, &s);
         }
+    }
+}
+
+/// Queues every key the remote exports, in both modes (its Services with the label, its
+/// ServiceExports): what publishing its endpoints as not ready, or restoring them, changes.
+pub(super) fn requeue(ctl: &Controller, s: &RemoteState) {
+    let keys: Vec<GroupKey> = s.services.read().keys().cloned().collect();
+    ctl.enqueue(keys);
+    if let Some(mcs) = &s.mcs {
+        ctl.enqueue_mcs(mcs.exported());
     }
 }
 
@@ -150,6 +160,39 @@ mod tests {
     use super::*;
 
     const AFTER: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn a_marking_queues_what_the_remote_exports_in_both_modes() {
+        use crate::fixtures::{self, loaded, obj};
+        use crate::reconcile::{Key, Mode};
+        use serde_json::json;
+        let remote = RemoteState::new("east", fixtures::opts(), vec![]).with_mcs(true, Some("id"));
+        let labelled = json!({"metadata": {"namespace": "shop", "name": "web"}});
+        loaded(&remote.services, [obj(labelled)]);
+        let mcs = remote.mcs.clone().unwrap();
+        let exported = json!({"metadata": {"namespace": "shop", "name": "db"}});
+        loaded(&mcs.exports, [obj(exported)]);
+        let remote = Arc::new(remote);
+        let (client, _api) = fixtures::client("local");
+        let (_tx, leadership) = fixtures::leadership(true);
+        let local = Arc::new(crate::state::LocalState::default());
+        let ctx = fixtures::ctx(client, leadership.clone(), vec![Arc::clone(&remote)], local);
+        let queue = crate::runtime::queue::WorkQueue::new();
+        let ctl = Controller::new(Arc::new(ctx), Arc::clone(&queue), leadership);
+        requeue(&ctl, &remote);
+        queue.close();
+        let mut keys = Vec::new();
+        while let Some(k) = queue.next().await {
+            keys.push(k);
+        }
+        let key = |mode, name: &str| Key {
+            mode,
+            namespace: "shop".into(),
+            name: name.into(),
+        };
+        // its Service with the label (the label mode), its ServiceExport (the MCS API)
+        assert_eq!(keys, [key(Mode::Follower, "web"), key(Mode::Mcs, "db")]);
+    }
 
     fn at(t0: Instant, secs: u64) -> Instant {
         t0 + Duration::from_secs(secs)

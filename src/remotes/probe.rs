@@ -26,11 +26,9 @@ use std::time::{Duration, Instant};
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::outage::{Damper, Transition};
+use super::outage::{Damper, Transition, requeue};
 use crate::reconcile::worker::Controller;
 use crate::runtime::metrics::ByRemoteOutcome;
-use crate::state::RemoteState;
-use crate::state::cache::GroupKey;
 
 /// How often each remote with the probe gets a round.
 pub const EVERY: Duration = Duration::from_secs(2);
@@ -109,15 +107,6 @@ pub async fn run(ctl: Arc<Controller>) {
                 requeue(&ctl, &s);
             }
         }
-    }
-}
-
-/// Every key the remote exports, in both modes.
-fn requeue(ctl: &Controller, s: &RemoteState) {
-    let keys: Vec<GroupKey> = s.services.read().keys().cloned().collect();
-    ctl.enqueue(keys.clone());
-    if s.mcs.is_some() {
-        ctl.enqueue_mcs(keys);
     }
 }
 

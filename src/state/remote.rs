@@ -164,7 +164,12 @@ impl RemoteState {
     /// Whether its endpoints are published as not ready now: the outage policy marks them, or
     /// the probe finds its data path cut.
     pub fn is_marked(&self) -> bool {
-        self.marked.load(Ordering::SeqCst) || self.is_cut_off()
+        self.is_stale() || self.is_cut_off()
+    }
+
+    /// Whether the outage policy marks it now (its API server unreachable past `stale-after`).
+    pub fn is_stale(&self) -> bool {
+        self.marked.load(Ordering::SeqCst)
     }
 
     /// Whether the probe finds its data path cut now.

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 use super::change::{derived_is_ours, import_is_ours};
 use super::error::McsError;
 use super::judge::{ClusterExport, Conflict, Judgement, import_port, import_type, judge};
+use super::readiness::{self, ENDPOINTS_ANNOTATION, EndpointCounts, Marks};
 use super::types::{
     CLUSTER_SET_IP, ClusterStatus, MCS_API_VERSION, ServiceExportSpec, ServiceImport,
     ServiceImportSpec, ServiceImportStatus, ServicePort,
@@ -51,6 +52,20 @@ pub struct Import {
     /// Exported labels and annotations left out because the API server would refuse them
     /// (`label <key>` or `annotation <key>`), for an Event.
     pub dropped: Vec<String>,
+    /// Each exporting cluster's endpoints as published (counted whether or not `slices` are
+    /// derived yet), as the ServiceImport's [`ENDPOINTS_ANNOTATION`] tells them (see
+    /// `readiness`; [`Import::mark_endpoints`] adds the marks).
+    pub endpoints: EndpointCounts,
+}
+
+impl Import {
+    /// Flags the exporting clusters whose endpoints are published not ready (`marks`, by the
+    /// name they go by: cut off by the data-path probe, stale by the outage policy), in
+    /// `endpoints` and on the ServiceImport's annotation.
+    pub fn mark_endpoints(&mut self, marks: &BTreeMap<String, Marks>) {
+        readiness::mark(&mut self.endpoints, marks);
+        readiness::annotate(&mut self.service_import, &self.endpoints);
+    }
 }
 
 /// `derived-<10 characters>`: mcs-api's reference controller's name for the derived Service of
@@ -131,7 +146,7 @@ pub fn import(
         .collect();
     clusters.sort();
 
-    let service_import = ServiceImport {
+    let mut service_import = ServiceImport {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
@@ -155,6 +170,15 @@ pub fn import(
         }),
     };
 
+    // built for every cluster, so the import tells its endpoints from its first write
+    let built = endpoint_slices(&judgement, &service_import.spec, namespace, name, &derived);
+    let clusters = service_import
+        .status
+        .as_ref()
+        .map(|s| s.clusters.as_slice());
+    let endpoints = readiness::count(clusters.unwrap_or_default(), &built);
+    readiness::annotate(&mut service_import, &endpoints);
+
     let owner = live_import
         .filter(|si| import_is_ours(si))
         .and_then(import_owner);
@@ -166,14 +190,7 @@ pub fn import(
                 &derived,
                 owner.clone(),
             )),
-            endpoint_slices(
-                &judgement,
-                &service_import.spec,
-                namespace,
-                name,
-                &derived,
-                &owner,
-            ),
+            owned(built, &owner),
         ),
         None => (None, Vec::new()),
     };
@@ -184,6 +201,7 @@ pub fn import(
         slices: derived_slices,
         conflicts: judgement.conflicts.clone(),
         dropped,
+        endpoints,
     }))
 }
 
@@ -216,6 +234,7 @@ fn import_metadata(
         DERIVED_SERVICE_ANNOTATION,
         COPIED_LABELS_ANNOTATION,
         COPIED_ANNOTATIONS_ANNOTATION,
+        ENDPOINTS_ANNOTATION,
     ];
     let mut annotations: StringMap = exported
         .exported_annotations
@@ -347,14 +366,13 @@ fn derived_service(
 /// Service has that very port. A ClusterSetIP import drops endpoints left with no port (they
 /// would serve nothing); a Headless one keeps them, as DNS answers their addresses and
 /// hostnames whatever the ports. Slices we wrote ourselves (either mode) are never exported
-/// again: only a cluster's own endpoints are its.
+/// again: only a cluster's own endpoints are its. Built without their owner (see [`owned`]).
 fn endpoint_slices(
     judgement: &Judgement<'_, '_>,
     spec: &ServiceImportSpec,
     namespace: &str,
     name: &str,
     derived: &str,
-    owner: &OwnerReference,
 ) -> Vec<EndpointSlice> {
     let mut out = Vec::new();
     for e in &judgement.members {
@@ -393,21 +411,25 @@ fn endpoint_slices(
             (SERVICE_NAME_LABEL.to_string(), derived.to_string()),
             (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
         ]);
-        let mut built = slices::build_slices(
+        out.extend(slices::build_slices(
             &groups,
             derived,
             e.cluster,
             namespace,
             &labels,
             &StringMap::new(),
-        );
-        for slice in &mut built {
-            slice.metadata.owner_references = Some(vec![owner.clone()]);
-        }
-        out.extend(built);
+        ));
     }
     out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     out
+}
+
+/// The slices owned by the ServiceImport.
+fn owned(mut built: Vec<EndpointSlice>, owner: &OwnerReference) -> Vec<EndpointSlice> {
+    for slice in &mut built {
+        slice.metadata.owner_references = Some(vec![owner.clone()]);
+    }
+    built
 }
 
 /// The (name, protocol) of each port of the member's Service that is the import's port of that

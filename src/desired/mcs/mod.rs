@@ -63,6 +63,10 @@
 //!   `exportedAnnotations` (never the Service's), minus what the API server would refuse; the
 //!   keys copied are recorded so that a key the winner stops exporting is removed while keys
 //!   others added stay.
+//! * **Ready endpoints per cluster**: the API has no field for them, so the ServiceImport carries
+//!   [`ENDPOINTS_ANNOTATION`], each exporting cluster's endpoints as published, how many are
+//!   ready, and whether it is cut off or stale ([`Import::mark_endpoints`]; see `readiness`). It is one
+//!   of our annotations: an export cannot set it, and it changes only with what it counts.
 
 mod change;
 mod cluster;
@@ -72,6 +76,7 @@ mod import;
 mod judge;
 mod locality;
 mod names;
+mod readiness;
 #[cfg(test)]
 mod test_support;
 mod types;
@@ -89,6 +94,9 @@ pub use import::{Import, derived_name, import, import_owner};
 pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, validity};
 pub use locality::{ELSEWHERE, Here, Localized, Preference, localize};
 pub use names::{Claim, Grant, Holders, Identity};
+pub use readiness::{
+    ClusterEndpoints, ENDPOINTS_ANNOTATION, EndpointCounts, Marks, endpoints_value, read_endpoints,
+};
 pub use types::*;
 
 pub use crate::desired::options::MCS_SERVICE_NAME_LABEL;
