@@ -178,21 +178,39 @@ impl RemoteState {
     }
 
     /// Up to `n` addresses of its ready endpoints to probe, with the port of their slice: those
-    /// of the `round`-th exported Service (in key order, wrapping), a few decoded per round.
+    /// of the `round`-th Service it exports in either mode (labelled, or by a ServiceExport; in
+    /// key order, wrapping), a few decoded per round.
     pub fn probe_targets(&self, round: usize, n: usize) -> Vec<std::net::SocketAddr> {
-        let keys: Vec<GroupKey> = self.services.read().keys().cloned().collect();
+        let mut keys: std::collections::BTreeSet<GroupKey> =
+            self.services.read().keys().cloned().collect();
+        if let Some(mcs) = &self.mcs {
+            keys.extend(mcs.exported());
+        }
+        let keys: Vec<GroupKey> = keys.into_iter().collect();
         // a few Services decoded per round at most, even when none has a ready endpoint
         for i in 0..keys.len().min(16) {
             let g = &keys[(round + i) % keys.len()];
-            let Ok(slices) = self.slices_of(g) else {
-                continue;
-            };
+            let slices = self.probe_slices(g);
             let targets = crate::desired::probe_targets(&slices, n);
             if !targets.is_empty() {
                 return targets;
             }
         }
         Vec::new()
+    }
+
+    /// The slices of one exported Service to probe: the label mode's, else the MCS watch's of
+    /// its namespace (the same slices, when it exports in both modes).
+    fn probe_slices(&self, g: &GroupKey) -> Vec<Arc<EndpointSlice>> {
+        match self.slices_of(g) {
+            Ok(slices) if !slices.is_empty() => slices,
+            _ => self
+                .mcs
+                .as_ref()
+                .and_then(|m| m.namespace(&g.0))
+                .and_then(|ns| ns.slices.read().group(g).ok())
+                .unwrap_or_default(),
+        }
     }
 
     pub fn ready(&self) -> bool {
@@ -330,5 +348,43 @@ mod tests {
         state.listed();
         assert!(!state.over_budget());
         assert_eq!(state.admit(state.budget.epoch()), Ok(()));
+    }
+
+    #[test]
+    fn the_probe_finds_endpoints_of_services_exported_either_way() {
+        use crate::fixtures::{loaded, obj};
+        let state = RemoteState::new("east", crate::fixtures::opts(), vec![]).with_mcs(true, None);
+        listed(&state, &[]);
+        assert!(state.probe_targets(0, 3).is_empty(), "nothing exported");
+        // exported only by a ServiceExport: its slice is in the MCS watch of its namespace
+        let mcs = state.mcs.clone().unwrap();
+        loaded(
+            &mcs.exports,
+            [obj(
+                json!({"metadata": {"namespace": "shop", "name": "db"}}),
+            )],
+        );
+        let ns = Arc::new(crate::state::mcs::McsNamespace::new(
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        mcs.namespaces
+            .write()
+            .insert("shop".into(), Arc::clone(&ns));
+        let slice = json!({
+            "metadata": {"namespace": "shop", "name": "db-1",
+                         "labels": {"kubernetes.io/service-name": "db"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "sql", "port": 5432, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.1.0.7"], "conditions": {"ready": true}},
+                          {"addresses": ["10.1.0.8"], "conditions": {"ready": false}}]
+        });
+        loaded(&ns.slices, [obj(slice)]);
+        let want: Vec<std::net::SocketAddr> = vec!["10.1.0.7:5432".parse().unwrap()];
+        assert_eq!(state.probe_targets(0, 3), want);
+        assert_eq!(
+            state.probe_targets(7, 3),
+            want,
+            "the only key, whatever the round"
+        );
     }
 }
