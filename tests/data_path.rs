@@ -5,7 +5,10 @@
 //! (`bed cut`: forwarded packets dropped both ways, the API servers and each cluster's own
 //! kubelets untouched, so north's pods stay Ready in north): west's client calling the follower
 //! loses the requests kube-proxy sends to north until the probe cuts north off, then none; the
-//! follower and its slices stay, north's endpoints published not ready. Mended: restored.
+//! follower and its slices stay, north's endpoints published not ready. The same for the MCS
+//! import of web (both remotes also export it with a ServiceExport; the chart with
+//! `mcs.enabled`): a second client on `web.<ns>.svc.clusterset.local`, and the import's
+//! annotation telling north's endpoints 0 of 2 ready, cut off. Mended: restored.
 mod support;
 
 use std::collections::BTreeSet;
@@ -15,6 +18,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
+use serde_json::json;
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::metrics::series_value;
 use support::node::{
@@ -102,14 +106,54 @@ async fn install_chart(ns: &str) {
         "replicaCount=1".into(),
         format!("watchNamespaces={{{ns}}}"),
         "leaseDurationSeconds=6".into(),
-        format!("fullnameOverride=xcc-{}", &ns[ns.len() - 8..]),
+        format!("fullnameOverride={}", fullname(ns)),
         "remoteReader.enabled=false".into(),
+        "mcs.enabled=true".into(),
+        "mcs.clusterName=west".into(),
+        "mcs.crds=false".into(),
     ] {
         c.args(["--set", &s]);
     }
     tokio::task::spawn_blocking(move || support::tools::run(&mut c))
         .await
         .expect("helm task");
+}
+
+/// The release's full name (and so its election Lease's name).
+fn fullname(ns: &str) -> String {
+    format!("xcc-{}", &ns[ns.len() - 8..])
+}
+
+/// `cross-cluster-controller status` (a table) against west for this test's release: (exit
+/// code, what it printed).
+async fn status(ns: &str) -> (i32, String) {
+    let kc = bed().await.kubeconfig.clone();
+    let ns = ns.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cross-cluster-controller"))
+            .arg("status")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args([
+                "--context",
+                WEST,
+                "--namespace",
+                &ns,
+                "--watch-namespace",
+                &ns,
+            ])
+            .args(["--lease-name", &fullname(&ns)])
+            .output()
+            .expect("run status")
+    })
+    .await
+    .expect("status task");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
 }
 
 /// The daemon's pod, Ready: its name and address.
@@ -152,10 +196,16 @@ async fn wait_series(ip: &str, name: &str, labels: &[(&str, &str)], at_least: f6
     .await
 }
 
-/// The follower's endpoints at `ips` with their (ready, serving) conditions.
-async fn published(west: &Client, ns: &str, ips: &BTreeSet<String>) -> Vec<(String, bool, bool)> {
+/// The endpoints at `ips` with their (ready, serving) conditions in the slices labelled
+/// `selector`: the follower's, or the import's.
+async fn published(
+    west: &Client,
+    ns: &str,
+    selector: &str,
+    ips: &BTreeSet<String>,
+) -> Vec<(String, bool, bool)> {
     let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
-    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    let lp = ListParams::default().labels(selector);
     let list = slices.list(&lp).await.expect("the follower's slices");
     let mut out = Vec::new();
     for e in list.items.iter().flat_map(|s| s.endpoints.iter()) {
@@ -171,6 +221,9 @@ async fn published(west: &Client, ns: &str, ips: &BTreeSet<String>) -> Vec<(Stri
     out.sort();
     out
 }
+
+const FOLLOWER: &str = "kubernetes.io/service-name=web";
+const IMPORT: &str = "multicluster.kubernetes.io/service-name=web";
 
 /// Every web pod of `c`'s `ns` Ready, as its own kubelet sees it.
 async fn all_ready(c: &Client, ns: &str) -> bool {
@@ -198,6 +251,10 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     let east_pods = settled_web_pods(&east, &ns.name, 2, &none).await;
     let north_pods = settled_web_pods(&north, &ns.name, 2, &none).await;
     let north_ips: BTreeSet<String> = north_pods.values().cloned().collect();
+    tokio::join!(
+        support::mcs::export(&east, &ns.name, "web"),
+        support::mcs::export(&north, &ns.name, "web")
+    );
     remote_secrets(&west, &ns.name).await;
     install_chart(&ns.name).await;
     let pods: Api<Pod> = Api::namespaced(west.clone(), &ns.name);
@@ -213,8 +270,13 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     traffic::proxy_targets(&bed_dir, WEST, &north_ips, false).await;
     let url = format!("http://web.{}.svc.cluster.local/", ns.name);
     let load = Load::start(&west, WEST, &ns.name, "load", &url, RATE).await;
+    let mcs_url = format!("http://web.{}.svc.clusterset.local/", ns.name);
+    let mcs_load = Load::start(&west, WEST, &ns.name, "mcs-load", &mcs_url, RATE).await;
     let both: BTreeSet<String> = east_pods.keys().chain(north_pods.keys()).cloned().collect();
-    load.answered_by(now_ms(), &both).await;
+    let t = now_ms();
+    tokio::join!(load.answered_by(t, &both), mcs_load.answered_by(t, &both));
+    let healthy = json!({"east": {"ready": 2, "total": 2}, "north": {"ready": 2, "total": 2}});
+    support::mcs::import_endpoints(&west, &ns.name, "web", healthy.clone()).await;
     let reachable = [("remote", "north"), ("outcome", "reachable")];
     wait_series(&ip, "xcc_remote_probes_total", &reachable, 1.0).await;
     let text = metrics(&ip).await.expect("metrics");
@@ -234,13 +296,23 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     bed_do(&["cut", WEST, NORTH]).await;
     let cut_off = wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 1.0).await;
     let cut = traffic::proxy_targets(&bed_dir, WEST, &north_ips, true).await;
+    let cut_off_json = json!({"east": {"ready": 2, "total": 2},
+                              "north": {"ready": 0, "total": 2, "cutOff": true}});
+    support::mcs::import_endpoints(&west, &ns.name, "web", cut_off_json).await;
+    let (code, table) = status(&ns.name).await;
     let recs = load.records_past(cut + AFTER_MS).await;
     let (early, late) = (
         Tally::of(&recs, t0, cut),
         Tally::of(&recs, cut, cut + AFTER_MS),
     );
+    let recs = mcs_load.records_past(cut + AFTER_MS).await;
+    let (mcs_early, mcs_late) = (
+        Tally::of(&recs, t0, cut),
+        Tally::of(&recs, cut, cut + AFTER_MS),
+    );
     let during = snapshot(&west, &[&ns.name]).await;
-    let marked = published(&west, &ns.name, &north_ips).await;
+    let marked = published(&west, &ns.name, FOLLOWER, &north_ips).await;
+    let mcs_marked = published(&west, &ns.name, IMPORT, &north_ips).await;
     let text = metrics(&ip).await.expect("metrics");
     let up = series_value(&text, "xcc_remote_up", &[("remote", "north")]);
     let north_ready = all_ready(&north, &ns.name).await;
@@ -250,22 +322,33 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     let t_back = now_ms();
     wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 0.0).await;
     let restored = eventually("north's endpoints ready again", WAIT, || async {
-        let p = published(&west, &ns.name, &north_ips).await;
-        (p.len() == north_ips.len() && p.iter().all(|(_, r, s)| *r && *s))
+        let p = published(&west, &ns.name, FOLLOWER, &north_ips).await;
+        let m = published(&west, &ns.name, IMPORT, &north_ips).await;
+        let all = |p: &[(String, bool, bool)]| {
+            p.len() == north_ips.len() && p.iter().all(|(_, r, s)| *r && *s)
+        };
+        (all(&p) && all(&m))
             .then(now_ms)
-            .ok_or_else(|| format!("{p:?}"))
+            .ok_or_else(|| format!("follower {p:?}, import {m:?}"))
     })
     .await;
-    let back = load.answered_by(restored, &both).await;
+    support::mcs::import_endpoints(&west, &ns.name, "web", healthy).await;
+    let (back, _) = tokio::join!(
+        load.answered_by(restored, &both),
+        mcs_load.answered_by(restored, &both)
+    );
 
     let note = format!(
-        "north cut off {} s after the cut (probe-after {PROBE_AFTER_S} s, a round every 2 s), west's kube-proxy without north {} s after it; west's client before that: {}; in the {} s after it: {}, answered by {:?}; mended: north's endpoints ready again {} s later, answered by north again after {} s",
+        "north cut off {} s after the cut (probe-after {PROBE_AFTER_S} s, a round every 2 s), west's kube-proxy without north {} s after it; west's client of the follower before that: {}, of the import {}; in the {} s after it: follower {}, answered by {:?}, import {}, answered by {:?}; mended: north's endpoints ready again {} s later, answered by north again after {} s",
         traffic::secs(t0, cut_off),
         traffic::secs(t0, cut),
         early.figures(),
+        mcs_early.figures(),
         AFTER_MS / 1000,
         late.figures(),
         late.by_cluster.keys().collect::<Vec<_>>(),
+        mcs_late.figures(),
+        mcs_late.by_cluster.keys().collect::<Vec<_>>(),
         traffic::secs(t_back, restored),
         traffic::secs(t_back, back),
     );
@@ -281,6 +364,17 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
         &Lost::since(&before, &during, &["web".to_string()].into()),
         &before.non_followers_touched(&during),
     );
+    assert_eq!(
+        code, 1,
+        "status exits 1 while a remote is cut off:\n{table}"
+    );
+    let import_line = format!("{}/web", ns.name);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&import_line) && l.contains("north 0/2 cut off")),
+        "status shows the import's endpoints per cluster:\n{table}"
+    );
     assert!(
         north_ready,
         "north's own kubelets must see its pods Ready throughout: the cut is west's path only"
@@ -295,6 +389,10 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
         "north's endpoints stay in the follower, published not ready and not serving: {marked:?}\n{note}"
     );
     assert!(
+        mcs_marked.len() == north_ips.len() && mcs_marked.iter().all(|(_, r, s)| !r && !s),
+        "north's endpoints stay in the import, published not ready and not serving: {mcs_marked:?}\n{note}"
+    );
+    assert!(
         cut_off - t0 >= PROBE_AFTER_S * 1000 && cut_off - t0 < 15_000,
         "north cut off {} ms after the cut\n{}",
         cut_off - t0,
@@ -304,14 +402,15 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
         early.failed > 0,
         "the cut cost west's client nothing before the cut-off, so it cut nothing: {note}"
     );
-    assert!(
-        late.sent > 0 && late.failed == 0,
-        "after the cut-off: {}",
-        late.figures()
-    );
-    assert_eq!(
-        late.by_cluster.keys().collect::<Vec<_>>(),
-        [EAST],
-        "only east answers after the cut-off"
-    );
+    for (what, t) in [("follower", &late), ("import", &mcs_late)] {
+        assert!(
+            t.sent > 0 && t.failed == 0,
+            "{what}, after the cut-off: {note}"
+        );
+        assert_eq!(
+            t.by_cluster.keys().collect::<Vec<_>>(),
+            [EAST],
+            "{what}: only east answers after the cut-off"
+        );
+    }
 }

@@ -189,6 +189,10 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
         }
     }
 
+    // the import tells how many endpoints of each cluster are ready
+    let two = json!({"ready": 2, "total": 2});
+    support::mcs::import_endpoints(&west, &ns.name, "web", json!({"east": two, "west": two})).await;
+
     let url = format!("http://web.{}.svc.clusterset.local/", ns.name);
     let load = Load::start(&west, WEST, &ns.name, "load", &url, RATE).await;
     // healthy: no request leaves west, and those of its zone's pods stay in the zone
@@ -231,6 +235,14 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     let recs = load.records_past(t2 + TAIL).await;
     let failover = Tally::of(&recs, t1, t2 + TAIL);
     assert_eq!(failover.failed, 0, "failover: {}", failover.figures());
+    let none_left = json!({"ready": 0, "total": 0});
+    support::mcs::import_endpoints(
+        &west,
+        &ns.name,
+        "web",
+        json!({"east": two, "west": none_left}),
+    )
+    .await;
 
     // failback: west's pods return, and west's client goes home
     let t3 = now_ms();
@@ -244,6 +256,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     let recs = load.records_past(t4).await;
     let failback = Tally::of(&recs, t3, t4);
     assert_eq!(failback.failed, 0, "failback: {}", failback.figures());
+    support::mcs::import_endpoints(&west, &ns.name, "web", json!({"east": two, "west": two})).await;
     let home_ms = last_away - ready_at;
     assert!(
         home_ms < 10_000,

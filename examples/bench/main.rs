@@ -12,10 +12,12 @@
 //! watcher on the local cluster. Results go to bench/results.{md,json} and bench/*.svg.
 //!
 //! `XCC_BENCH_MULTI=1` runs the scenarios with several remote clusters instead ([`multi`]);
-//! `XCC_BENCH_MCS=1` the Multi-Cluster Services path ([`mcs`]); each mode's results go to a
+//! `XCC_BENCH_MCS=1` the Multi-Cluster Services path ([`mcs`]); `XCC_BENCH_PROBE=1` the
+//! data-path probe's cost ([`probe`]); each mode's results go to a
 //! section of their own in the same files.
 mod mcs;
 mod multi;
+mod probe;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -858,7 +860,7 @@ fn section_at(md: &str, heading: &str) -> Option<usize> {
 
 /// The sections of results.md after the single-remote one, in their order (the data path always
 /// last); each mode replaces its own and keeps the others.
-const SECTIONS: [&str; 3] = [multi::SECTION, mcs::SECTION, DATAPATH];
+const SECTIONS: [&str; 4] = [multi::SECTION, mcs::SECTION, probe::SECTION, DATAPATH];
 
 /// results.md with the section `heading` (one of [`SECTIONS`]) replaced by `section`, or added
 /// in its place in the order of [`SECTIONS`]; the rest is kept as it was.
@@ -1043,6 +1045,19 @@ async fn main() -> Res<()> {
             multi::SECTION,
             &section,
             "multi",
+            serde_json::to_value(&res)?,
+        )?;
+        print!("{section}");
+        return Ok(());
+    }
+    if std::env::var("XCC_BENCH_PROBE").as_deref() == Ok("1") {
+        let res = probe::run(&bin, &kc, &tag).await?;
+        let section = probe::markdown(&res);
+        write_section(
+            &out,
+            probe::SECTION,
+            &section,
+            "probe",
             serde_json::to_value(&res)?,
         )?;
         print!("{section}");

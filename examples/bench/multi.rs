@@ -161,7 +161,7 @@ pub struct Spread {
 }
 
 /// The follower Services in `ns` whose `origin-clusters` annotation names `want` remotes.
-async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize> {
+pub(crate) async fn followers_recording(west: &Client, ns: &str, want: usize) -> Res<usize> {
     let api: Api<Service> = Api::namespaced(west.clone(), ns);
     let lp = kube::api::ListParams::default().labels(&format!("{KEY}=follower"));
     let list = api.list_metadata(&lp).await?;

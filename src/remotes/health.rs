@@ -237,7 +237,11 @@ impl Keeper {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // every interval, and at once when a remote is marked or restored
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.ctl.remotes().health_change() => {}
+            }
             if !self.ctl.is_leader() {
                 continue;
             }
@@ -590,5 +594,51 @@ mod tests {
         })
         .await;
         assert!(done.is_ok(), "{done:?}");
+    }
+
+    #[tokio::test]
+    async fn a_remote_marked_or_restored_is_written_at_once_not_at_the_next_renewal() {
+        use crate::fixtures::{delete, get, ok, put, run};
+        let (k, api, _tx) = keeper(false);
+        let ctl = Arc::clone(&k.ctl);
+        let mine = format!("{LEASES}/{}", lease_name("ccc", crate::fixtures::REMOTE));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let keeper = async {
+            tokio::select! {
+                () = k.run() => {}
+                _ = stopped => {}
+            }
+        };
+        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                                        "status": "Success", "code": 200, "metadata": {}});
+        let done = run(&[&api], keeper, async {
+            // the first renewal, at once
+            api.expect(get(LEASES), listed()).await;
+            api.expect(
+                put(&mine),
+                ok(serde_json::json!({"metadata": {"name": "x"}})),
+            )
+            .await;
+            api.expect(
+                delete(&format!("{LEASES}/ccc-remote-gone")),
+                ok(status.clone()),
+            )
+            .await;
+            // a cut-off (or a restore) 10 s before the next renewal: written now
+            let t = std::time::Instant::now();
+            ctl.remotes().health_changed();
+            api.expect(get(LEASES), listed()).await;
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+            api.expect(
+                put(&mine),
+                ok(serde_json::json!({"metadata": {"name": "x"}})),
+            )
+            .await;
+            api.expect(delete(&format!("{LEASES}/ccc-remote-gone")), ok(status))
+                .await;
+            let _ = stop.send(());
+        })
+        .await;
+        assert_eq!(done, ());
     }
 }

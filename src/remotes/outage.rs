@@ -112,6 +112,7 @@ pub async fn run(ctl: Arc<Controller>) {
             s.marked.store(d.marked(), Ordering::SeqCst);
             report(&ctl, &s.name, t, after).await;
             requeue(&ctl, &s);
+            ctl.remotes().health_changed();
         }
     }
 }

@@ -105,6 +105,7 @@ pub async fn run(ctl: Arc<Controller>) {
                 s.cut_off.store(d.marked(), Ordering::SeqCst);
                 report(&ctl, &s.name, t, after).await;
                 requeue(&ctl, &s);
+                ctl.remotes().health_changed();
             }
         }
     }

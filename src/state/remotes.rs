@@ -56,9 +56,22 @@ pub struct Remotes {
     /// false while a source of remotes (the Secrets) has not been listed once: until then a
     /// remote missing from the registry may only not have joined yet
     unlisted: std::sync::atomic::AtomicBool,
+    /// a remote's health changed between renewals (the outage policy or the probe marked or
+    /// restored it): the health Leases are written again at once, so `status` shows it now
+    health_changed: tokio::sync::Notify,
 }
 
 impl Remotes {
+    /// Tells the keeper of the health Leases that a remote's health changed.
+    pub fn health_changed(&self) {
+        self.health_changed.notify_one();
+    }
+
+    /// Resolves once a remote's health changed since the last call (or now, if it did).
+    pub async fn health_change(&self) {
+        self.health_changed.notified().await;
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<Member>> {
         self.members.read().get(name).cloned()
     }

@@ -45,7 +45,7 @@ pub async fn routed_kubeconfig(routes: &[(&str, String)], path: &Path) {
     std::fs::write(path, serde_yaml::to_string(&kc).expect("yaml")).expect("write kubeconfig");
 }
 
-/// (uid, resourceVersion, is a follower) of every Service, Endpoints, EndpointSlice and
+/// (uid, resourceVersion, is ours: a follower, its slice or an MCS object of ours) of every Service, Endpoints, EndpointSlice and
 /// ConfigMap in the given namespaces of one cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot(BTreeMap<(String, String, String), (String, String, bool)>);
@@ -64,11 +64,13 @@ where
         .expect("snapshot listing");
     for o in list.items {
         let m = o.metadata;
-        let follower = m
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(FOLLOWER.0))
-            .is_some_and(|v| v == FOLLOWER.1);
+        // ours: a follower or its slice, or an MCS object of ours (a derived Service or an
+        // import's slice), by the labels the daemon writes on them
+        let label = |k: &str| m.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
+        use cross_cluster_controller::desired::MANAGED_BY;
+        let follower = label(FOLLOWER.0) == Some(FOLLOWER.1)
+            || label("app.kubernetes.io/managed-by") == Some(MANAGED_BY)
+            || label("endpointslice.kubernetes.io/managed-by") == Some(MANAGED_BY);
         out.0.insert(
             (kind.to_string(), ns.to_string(), m.name.unwrap_or_default()),
             (

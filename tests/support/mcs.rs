@@ -158,3 +158,24 @@ pub async fn import_listing(c: &Client, ns: &str, name: &str, clusters: &[&str])
     )
     .await
 }
+
+/// Waits until the import `name`'s `cross-cluster-controller.fair.com/endpoints` (ready and
+/// total endpoints per cluster) reads `want`.
+pub async fn import_endpoints(c: &Client, ns: &str, name: &str, want: Value) {
+    let imports: Api<ServiceImport> = Api::namespaced(c.clone(), ns);
+    eventually(
+        &format!("the import {name}'s endpoints {want}"),
+        Duration::from_secs(120),
+        || async {
+            let i = imports.get(name).await.map_err(|e| e.to_string())?;
+            let value = i
+                .annotations()
+                .get("cross-cluster-controller.fair.com/endpoints")
+                .cloned()
+                .unwrap_or_default();
+            let got: Value = serde_json::from_str(&value).map_err(|e| format!("{value}: {e}"))?;
+            (got == want).then_some(()).ok_or(value)
+        },
+    )
+    .await
+}
