@@ -191,7 +191,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
     // the import tells how many endpoints of each cluster are ready
     let two = json!({"ready": 2, "total": 2});
-    support::mcs::import_endpoints(&west, &ns.name, "web", json!({"east": two, "west": two})).await;
+    support::mcs::import_endpoints(&west, &ns.name, "web", json!({ EAST: two, "west": two })).await;
 
     let url = format!("http://web.{}.svc.clusterset.local/", ns.name);
     let load = Load::start(&west, WEST, &ns.name, "load", &url, RATE).await;
@@ -240,7 +240,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
         &west,
         &ns.name,
         "web",
-        json!({"east": two, "west": none_left}),
+        json!({ EAST: two, "west": none_left }),
     )
     .await;
 
@@ -256,7 +256,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     let recs = load.records_past(t4).await;
     let failback = Tally::of(&recs, t3, t4);
     assert_eq!(failback.failed, 0, "failback: {}", failback.figures());
-    support::mcs::import_endpoints(&west, &ns.name, "web", json!({"east": two, "west": two})).await;
+    support::mcs::import_endpoints(&west, &ns.name, "web", json!({ EAST: two, "west": two })).await;
     let home_ms = last_away - ready_at;
     assert!(
         home_ms < 10_000,
