@@ -9,7 +9,7 @@
 //! outage can mark it again (an outage that starts earlier leaves its endpoints as they are).
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::runtime::events::EventType;
@@ -109,12 +109,71 @@ pub async fn run(ctl: Arc<Controller>) {
             let Some(t) = d.step(healthy, Instant::now()) else {
                 continue;
             };
-            s.marked.store(d.marked(), Ordering::SeqCst);
-            report(&ctl, &s.name, t, after).await;
-            requeue(&ctl, &s);
-            ctl.remotes().health_changed();
+            let to = match t {
+                Transition::Marked => "marked",
+                Transition::Restored => "restored",
+            };
+            ctl.metrics()
+                .remote_stale_transitions
+                .get_or_create(&ByRemoteTo::new(&s.name, to))
+                .inc();
+            transitioned(&ctl, &s, &s.marked, t, after, &STALE).await;
         }
     }
+}
+
+/// How a policy words its transitions: the Events' reasons and action, the log and Event text.
+pub(super) struct Words {
+    pub action: &'static str,
+    pub marked: &'static str,
+    pub restored: &'static str,
+    /// (remote, seconds of its setting)
+    pub marked_note: fn(&str, u64) -> String,
+    pub restored_note: fn(&str) -> String,
+}
+
+const STALE: Words = Words {
+    action: "OutagePolicy",
+    marked: "RemoteStale",
+    restored: "RemoteRestored",
+    marked_note: |remote, secs| {
+        format!(
+            "remote {remote} unreachable for {secs}s: its endpoints are marked not ready in every follower (nothing deleted)"
+        )
+    },
+    restored_note: |remote| format!("remote {remote} is back: its endpoints are restored"),
+};
+
+/// After a transition of one of the remote's marks (`mark`: the outage policy's, the probe's):
+/// stored, said (log; an Event from the leader), what it changes queued, and the health Leases
+/// told at once.
+pub(super) async fn transitioned(
+    ctl: &Controller,
+    s: &RemoteState,
+    mark: &AtomicBool,
+    t: Transition,
+    after: Duration,
+    words: &Words,
+) {
+    mark.store(t == Transition::Marked, Ordering::SeqCst);
+    let remote = &*s.name;
+    let (type_, reason, note) = match t {
+        Transition::Marked => {
+            let note = (words.marked_note)(remote, after.as_secs());
+            warn!(remote, after_s = after.as_secs(), "{note}");
+            (EventType::Warning, words.marked, note)
+        }
+        Transition::Restored => {
+            let note = (words.restored_note)(remote);
+            info!(remote, "{note}");
+            (EventType::Normal, words.restored, note)
+        }
+    };
+    if ctl.is_leader() {
+        ctl.event(type_, reason, note, words.action, None).await;
+    }
+    requeue(ctl, s);
+    ctl.remotes().health_changed();
 }
 
 /// Queues every key the remote exports, in both modes (its Services with the label, its
@@ -124,35 +183,6 @@ pub(super) fn requeue(ctl: &Controller, s: &RemoteState) {
     ctl.enqueue(keys);
     if let Some(mcs) = &s.mcs {
         ctl.enqueue_mcs(mcs.exported());
-    }
-}
-
-async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) {
-    let m = ctl.metrics();
-    let to = match t {
-        Transition::Marked => "marked",
-        Transition::Restored => "restored",
-    };
-    m.remote_stale_transitions
-        .get_or_create(&ByRemoteTo::new(remote, to))
-        .inc();
-    let (type_, reason, note) = match t {
-        Transition::Marked => {
-            let note = format!(
-                "remote {remote} unreachable for {}s: its endpoints are marked not ready in every follower (nothing deleted)",
-                after.as_secs()
-            );
-            warn!(remote, stale_after_s = after.as_secs(), "{note}");
-            (EventType::Warning, "RemoteStale", note)
-        }
-        Transition::Restored => {
-            let note = format!("remote {remote} is back: its endpoints are restored");
-            info!(remote, "{note}");
-            (EventType::Normal, "RemoteRestored", note)
-        }
-    };
-    if ctl.is_leader() {
-        ctl.event(type_, reason, note, "OutagePolicy", None).await;
     }
 }
 

@@ -20,13 +20,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kube::runtime::events::EventType;
-use tracing::{info, warn};
-
-use super::outage::{Damper, Transition, requeue};
+use super::outage::{Damper, Words, transitioned};
 use crate::reconcile::worker::Controller;
 use crate::runtime::metrics::ByRemoteOutcome;
 
@@ -102,35 +98,23 @@ pub async fn run(ctl: Arc<Controller>) {
                 .entry(Arc::clone(&s.name))
                 .or_insert_with(|| Damper::new(after));
             if let Some(t) = d.step(reachable, Instant::now()) {
-                s.cut_off.store(d.marked(), Ordering::SeqCst);
-                report(&ctl, &s.name, t, after).await;
-                requeue(&ctl, &s);
-                ctl.remotes().health_changed();
+                transitioned(&ctl, &s, &s.cut_off, t, after, &CUT_OFF).await;
             }
         }
     }
 }
 
-async fn report(ctl: &Controller, remote: &str, t: Transition, after: Duration) {
-    let (type_, reason, note) = match t {
-        Transition::Marked => {
-            let note = format!(
-                "remote {remote}'s endpoints unreachable from here for {}s (its API server may still answer): they are published as not ready in every follower and import (nothing deleted)",
-                after.as_secs()
-            );
-            warn!(remote, probe_after_s = after.as_secs(), "{note}");
-            (EventType::Warning, "RemoteCutOff", note)
-        }
-        Transition::Restored => {
-            let note = format!("remote {remote}'s endpoints are reachable again: restored");
-            info!(remote, "{note}");
-            (EventType::Normal, "RemoteReachable", note)
-        }
-    };
-    if ctl.is_leader() {
-        ctl.event(type_, reason, note, "DataPathProbe", None).await;
-    }
-}
+const CUT_OFF: Words = Words {
+    action: "DataPathProbe",
+    marked: "RemoteCutOff",
+    restored: "RemoteReachable",
+    marked_note: |remote, secs| {
+        format!(
+            "remote {remote}'s endpoints unreachable from here for {secs}s (its API server may still answer): they are published as not ready in every follower and import (nothing deleted)"
+        )
+    },
+    restored_note: |remote| format!("remote {remote}'s endpoints are reachable again: restored"),
+};
 
 #[cfg(test)]
 mod tests {
