@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -246,6 +247,28 @@ impl Refused {
             named.join(", ")
         )
     }
+}
+
+/// A remote's slices with only the addresses its policy admits (the same `Arc` when nothing was
+/// refused), and what was refused.
+pub fn admitted(
+    slices: Vec<Arc<EndpointSlice>>,
+    policy: &AddressPolicy,
+    local: &LocalNetworks,
+) -> (Vec<Arc<EndpointSlice>>, Refused) {
+    let mut refused = Refused::default();
+    let slices = slices
+        .into_iter()
+        .map(|s| {
+            let (kept, r) = admit(&s, policy, local);
+            if r.is_empty() {
+                return s;
+            }
+            refused.extend(r);
+            Arc::new(kept.into_owned())
+        })
+        .collect();
+    (slices, refused)
 }
 
 /// The slice with only the endpoints whose every address `policy` admits (borrowed when nothing

@@ -141,7 +141,8 @@ fn snapshot(ctx: &Ctx, mcs: &McsLocal, g: &GroupKey) -> Result<Snapshot> {
         if let (Some((remote, policy, marks)), McsView::Exports { slices, .. }) =
             (policy, &mut view)
         {
-            let (kept, r) = super::pass::admitted(std::mem::take(slices), &policy, &local);
+            let (kept, r) =
+                crate::desired::addresses::admitted(std::mem::take(slices), &policy, &local);
             *slices = if marks.any() {
                 marked.insert(name.clone(), marks);
                 kept.iter().map(|s| Arc::new(not_ready(s))).collect()

@@ -19,7 +19,7 @@ use tracing::{Span, field, info, instrument, warn};
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
 use super::writer::Written;
-use crate::desired::addresses::{AddressPolicy, LocalNetworks, Refused, admit};
+use crate::desired::addresses::{Refused, admitted};
 use crate::desired::{
     self, Export, Follower, Merged, Recorded, ServiceChange, endpoints_change, recorded,
     service_change, set_slice_owner, slice_change, slice_recorded,
@@ -101,28 +101,6 @@ impl Snapshot {
         });
         Proof::new(read, &ctx.remotes.retired())
     }
-}
-
-/// A remote's slices with only the addresses its policy admits (the same `Arc` when nothing was
-/// refused), and what was refused.
-pub(super) fn admitted(
-    slices: Vec<Arc<EndpointSlice>>,
-    policy: &AddressPolicy,
-    local: &LocalNetworks,
-) -> (Vec<Arc<EndpointSlice>>, Refused) {
-    let mut refused = Refused::default();
-    let slices = slices
-        .into_iter()
-        .map(|s| {
-            let (kept, r) = admit(&s, policy, local);
-            if r.is_empty() {
-                return s;
-            }
-            refused.extend(r);
-            Arc::new(kept.into_owned())
-        })
-        .collect();
-    (slices, refused)
 }
 
 fn uid_of<K: Resource<DynamicType = ()>>(o: &K) -> Result<String> {
