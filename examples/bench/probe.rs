@@ -1,6 +1,7 @@
 //! The data-path probe's cost (`XCC_BENCH_PROBE=1`, issue 28): the daemon with 10 remotes of
-//! 1,000 endpoints each (10 Secrets reading one API-only remote cluster, east, whose 10 labelled
-//! Services have 100 endpoints each: 10 merged followers), once with every Secret annotated
+//! 1,000 endpoints each (10 API-only remote clusters `r0`..`r9` from Secrets, each exporting the
+//! same 10 labelled Services of 100 endpoints, its own addresses: 10 merged followers of 1,000
+//! endpoints), once with every Secret annotated
 //! `fair.com/cross-cluster-probe-after` and once without (the floor), alternating off, on, on,
 //! off on one bed. Each run measures a steady window of [`WINDOW`] once every follower records
 //! all 10 remotes: the daemon's CPU seconds, the probe rounds it counted
@@ -8,7 +9,7 @@
 //! bed's namespace on the endpoints' addresses), its writes (`xcc_writes_total`: a cut-off would
 //! write, so a window with writes is not the steady cost) and its peak memory.
 //!
-//! The endpoints' addresses (10.100.0.0/22, [`super::slice_named`]) are made local to the
+//! The endpoints' addresses (10.100.0.0/16, [`super::slice_named`]) are made local to the
 //! bed's namespace for the run (`ip addr add 10.100.0.0/16 dev lo`, removed at the end), so
 //! every connect is refused at once, as a port nothing listens on would be: a reachable round,
 //! the steady state. Nothing leaves the bed's namespace.
@@ -55,10 +56,15 @@ pub struct Results {
     pub runs: Vec<Run>,
 }
 
-/// The Secret of remote `r<i>`: east's kubeconfig, with the probe when `probe`.
+/// The remote clusters' names (their contexts in the bed's kubeconfig).
+fn remotes() -> Vec<String> {
+    (0..REMOTES).map(|i| format!("r{i}")).collect()
+}
+
+/// The Secret of remote `r<i>`: its kubeconfig, with the probe when `probe`.
 fn secret(kc: &Path, i: usize, probe: bool) -> Res<Secret> {
     let mut k = Kubeconfig::read_from(kc)?;
-    k.current_context = Some("east".into());
+    k.current_context = Some(format!("r{i}"));
     let annotations = if probe {
         json!({"fair.com/cross-cluster-probe-after": "30s"})
     } else {
@@ -99,11 +105,18 @@ fn sh(args: &[&str]) -> Res<String> {
 fn network_up() -> Res<()> {
     sh(&["ip", "addr", "replace", RANGE, "dev", "lo"])?;
     let rules = format!(
-        "table ip {TABLE} {{ chain out {{ type filter hook output priority 0; policy accept; \
-         ip daddr {RANGE} tcp flags & (syn | ack) == syn counter }} }}"
+        "table ip {TABLE} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  \
+         ip daddr {RANGE} tcp flags & (syn | ack) == syn counter\n }}\n}}\n"
     );
     let _ = sh(&["nft", "delete", "table", "ip", TABLE]);
-    sh(&["nft", &rules])?;
+    let mut nft = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(nft.stdin.as_mut().ok_or("nft's stdin")?, rules.as_bytes())?;
+    if !nft.wait()?.success() {
+        return Err(format!("nft -f: {rules}").into());
+    }
     Ok(())
 }
 
@@ -125,7 +138,9 @@ fn syns() -> Res<f64> {
 
 /// The sum of every series of the family `name` in the daemon's /metrics.
 async fn family(port: u16, name: &str) -> Res<f64> {
-    let text = daemon_metrics(port).await?;
+    let text = daemon_metrics(port)
+        .await
+        .map_err(|e| format!("{name} from the daemon's /metrics at 127.0.0.1:{port}: {e}"))?;
     Ok(text
         .lines()
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
@@ -133,26 +148,35 @@ async fn family(port: u16, name: &str) -> Res<f64> {
         .sum())
 }
 
-/// One run: the daemon started, converged (every follower records every remote, and with the
-/// probe every remote probed), then measured for [`WINDOW`].
+/// One run: the daemon started, steady (every follower records every remote, every remote up
+/// and swept twice, and with the probe every remote probed), then measured for [`WINDOW`].
 async fn one(bin: &Path, kc: &Path, west: &Client, ns: &str, probe: bool) -> Res<Run> {
     secrets(west, ns, kc, probe).await?;
-    let log = std::env::temp_dir().join(format!("xcc-bench-probe-{probe}.log"));
+    let log = std::env::temp_dir().join(format!("xcc-bench-probe-{ns}-{probe}.log"));
     let extra: Vec<std::ffi::OsString> = vec![];
     let mut d = spawn_daemon(bin, kc, ns, &extra, &log)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
+        if let Some(status) = d.child.try_wait()? {
+            return Err(format!("the daemon exited ({status}); its log: {}", log.display()).into());
+        }
         let merged = followers_recording(west, ns, REMOTES).await?;
+        // steady: every remote up and swept twice by this daemon (its start-up is over), and
+        // with the probe every remote probed
+        let up = family(d.port, "xcc_remote_up").await.unwrap_or(0.0);
+        let swept = super::sweeps_ended(d.port).await.unwrap_or(0.0);
         let probed = family(d.port, "xcc_remote_probes_total")
             .await
             .unwrap_or(0.0);
-        if merged == SERVICES && (!probe || probed >= REMOTES as f64) {
+        let n = REMOTES as f64;
+        if merged == SERVICES && up >= n && swept >= 2.0 * n && (!probe || probed >= n) {
             break;
         }
         if Instant::now() > deadline {
-            return Err(
-                format!("not converged in 300 s: {merged} followers, {probed} rounds").into(),
-            );
+            return Err(format!(
+                "not steady in 300 s: {merged} followers merged, {up} remotes up, {swept} sweeps, {probed} rounds"
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -177,20 +201,27 @@ async fn one(bin: &Path, kc: &Path, west: &Client, ns: &str, probe: bool) -> Res
 }
 
 pub async fn run(bin: &Path, kc: &Path, tag: &str) -> Res<Results> {
-    fresh_bed_of(&["east", "west"]).await?;
-    let (east, west) = (client(kc, "east").await?, client(kc, "west").await?);
+    let names = remotes();
+    let mut clusters: Vec<&str> = vec!["west"];
+    clusters.extend(names.iter().map(String::as_str));
+    fresh_bed_of(&clusters).await?;
+    let west = client(kc, "west").await?;
     let ns = format!("probe-{tag}");
-    create_ns(&east, &ns).await?;
     create_ns(&west, &ns).await?;
-    let set = Set {
-        prefix: "svc",
-        n: SERVICES,
-        eps: ENDPOINTS,
-        leader: true,
-        seed: 0,
-        slices_each: 1,
-    };
-    write_set(&east, &ns, &set).await?;
+    for (i, name) in names.iter().enumerate() {
+        let c = client(kc, name).await?;
+        create_ns(&c, &ns).await?;
+        // the same Service names in every remote (merged followers), addresses of its own
+        let set = Set {
+            prefix: "svc",
+            n: SERVICES,
+            eps: ENDPOINTS,
+            leader: true,
+            seed: i * SERVICES,
+            slices_each: 1,
+        };
+        write_set(&c, &ns, &set).await?;
+    }
     network_up()?;
     let mut runs = Vec::new();
     for probe in [false, true, true, false] {
@@ -216,8 +247,8 @@ fn mean(runs: &[&Run], f: fn(&Run) -> f64) -> f64 {
 
 pub fn markdown(res: &Results) -> String {
     let mut md = format!(
-        "{SECTION}\n\n{} remotes of {} endpoints each ({} Services of {} endpoints, read through 10 \
-         Secrets of one API-only cluster: 10 merged followers), every Secret with \
+        "{SECTION}\n\n{} remotes of {} endpoints each (API-only clusters from Secrets, each \
+         exporting the same {} Services of {} endpoints: merged followers), every Secret with \
          `fair.com/cross-cluster-probe-after: 30s` (probe) or without it (floor); runs alternate \
          off, on, on, off; each measures a steady window once every follower records every \
          remote. Connects are the SYNs to the endpoints' addresses counted by nftables in the \
