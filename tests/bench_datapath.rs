@@ -31,11 +31,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::json;
+use support::bench::{LAST, env_number, load_avg, pct, write_results};
 use support::daemon::{Daemon, args_for};
 use support::node::{WEB_IMAGE, node_cluster, pod_ready, wait_dns, workload_images};
 use support::traffic::{Load, Tally, now_ms, proxy_targets, settled_web_pods_within};
-use support::{client, eventually, namespace_in, obj, repo_root};
+use support::{client, eventually, namespace_in, obj};
 
 const EAST: &str = "east";
 const WEST: &str = "west";
@@ -231,17 +232,6 @@ async fn flip_web(c: &Client, ns: &str, replicas: i32) {
         .create(&PostParams::default(), &service)
         .await
         .expect("create the web Service");
-}
-
-/// Percentile `q` (0..=1, nearest rank) of `v`.
-fn pct(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
-    s[rank - 1]
 }
 
 /// One readiness change, in ms after the pod's Ready condition changed in east's API.
@@ -501,14 +491,6 @@ async fn rollout(bed_dir: &Path) -> Rollout {
     }
 }
 
-/// The machine's 1-minute load average.
-fn load_avg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
-}
-
 fn markdown(f: &Flips, r: Option<&Rollout>, secs: f64, loads: &[String]) -> String {
     let col = |pick: &dyn Fn(&Change) -> f64, ready: Option<bool>| -> Vec<f64> {
         f.changes
@@ -517,7 +499,7 @@ fn markdown(f: &Flips, r: Option<&Rollout>, secs: f64, loads: &[String]) -> Stri
             .map(pick)
             .collect()
     };
-    let mut md = String::from(SECTION);
+    let mut md = String::from(LAST);
     md += &format!(
         "\n\n`XCC_BENCH_DATAPATH=1 scripts/bench`: a fresh bed of two clusters with a node each (east runs `web` and exports it; west runs the daemon, release build, east as its static remote), kube-proxy in nftables mode on each node. Whole run {secs:.0} s; the machine's 1-minute load average {}.\n",
         loads.join(", then ")
@@ -596,29 +578,10 @@ fn markdown(f: &Flips, r: Option<&Rollout>, secs: f64, loads: &[String]) -> Stri
     md
 }
 
-/// The heading of this benchmark's section in results.md; examples/bench keeps it.
-const SECTION: &str = "## Data path";
-
-/// results.md with its data-path section replaced by `section` (it stays the last section).
-fn with_section(old: &str, section: &str) -> String {
-    let kept = match old.find(&format!("\n{SECTION}\n")) {
-        Some(i) => &old[..i],
-        None if old.starts_with(SECTION) => "",
-        None => old,
-    };
-    format!("{}\n\n{}", kept.trim_end(), section.trim_end())
-        .trim_start()
-        .to_string()
-        + "\n"
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn data_path() {
     let started = Instant::now();
-    let changes: usize = std::env::var("XCC_BENCH_DATAPATH_CHANGES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let changes = env_number("XCC_BENCH_DATAPATH_CHANGES", 100);
     let bed_dir = support::bed().await.dir.clone();
     node_cluster(EAST).await;
     node_cluster(WEST).await;
@@ -635,20 +598,11 @@ async fn data_path() {
         Some(r)
     };
     let secs = started.elapsed().as_secs_f64();
-    // XCC_BENCH_OUT as scripts/bench takes it: relative to the repository, default bench/
-    let out = repo_root().join(std::env::var("XCC_BENCH_OUT").unwrap_or_else(|_| "bench".into()));
-    std::fs::create_dir_all(&out).expect("bench dir");
     let section = markdown(&f, r.as_ref(), secs, &loads);
-    let md_path = out.join("results.md");
-    let old = std::fs::read_to_string(&md_path).unwrap_or_default();
-    std::fs::write(&md_path, with_section(&old, &section)).expect("write results.md");
-    let json_path = out.join("results.json");
-    let mut j: Value = std::fs::read_to_string(&json_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_else(|| json!({}));
-    j["datapath"] = json!({"changes": f, "rollout": r, "secs": secs, "load_avg": loads});
-    std::fs::write(&json_path, serde_json::to_string_pretty(&j).expect("json"))
-        .expect("write results.json");
+    write_results(
+        &section,
+        "datapath",
+        json!({"changes": f, "rollout": r, "secs": secs, "load_avg": loads}),
+    );
     println!("{section}");
 }

@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::daemon::{Daemon, args_for, with_flag};
+use support::daemon::Daemon;
 use support::fault::{Lost, Report, Snapshot, conclude, snapshot};
+use support::locality::{Beside, hinted, mcs_daemon_args, names, ready_pods, settled_on};
 use support::node::{exec, node_cluster, node_cluster_with, wait_dns, workload_images};
-use support::traffic::{self, Load, Rec, Tally, now_ms, settled_web_pods};
+use support::traffic::{self, Load, Tally, now_ms, settled_web_pods};
 use support::{BedUndo, bed_do, client, eventually, namespace_in};
 
 /// The clusters of tests/traffic.rs (west with two nodes, in zones traffic-west-a and -b).
@@ -56,17 +56,6 @@ fn touched_by_the_daemon(
             })
         })
         .collect()
-}
-
-/// The daemon in west with `--mcs`, reading east.
-fn mcs_daemon_args(ns: &str) -> Vec<String> {
-    let mut args = with_flag(
-        with_flag(args_for(ns), "--local-context", WEST),
-        "--remote-context",
-        EAST,
-    );
-    args.extend(["--mcs", "--local-cluster-name", "west"].map(String::from));
-    args
 }
 
 /// `web` (2 pods) in `cluster`, its Service asking for PreferClose, exported.
@@ -107,56 +96,6 @@ async fn zones_of(
     out
 }
 
-/// The hints of the import's slices, once every ready endpoint has them: (source cluster,
-/// address) to the zones named.
-async fn hinted(
-    west: &Client,
-    ns: &str,
-    clusters: usize,
-) -> BTreeMap<(String, String), Vec<String>> {
-    let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), ns);
-    let lp = ListParams::default().labels("multicluster.kubernetes.io/service-name=web,endpointslice.kubernetes.io/managed-by=cross-cluster-controller.fair.com");
-    eventually(
-        "the import's slices with hints on every ready endpoint",
-        WAIT,
-        || async {
-            let list = slices.list(&lp).await.map_err(|e| e.to_string())?;
-            let mut out = BTreeMap::new();
-            let mut sources = BTreeSet::new();
-            for s in &list.items {
-                let source = s
-                    .labels()
-                    .get("multicluster.kubernetes.io/source-cluster")
-                    .cloned()
-                    .unwrap_or_default();
-                sources.insert(source.clone());
-                for e in s
-                    .endpoints
-                    .iter()
-                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-                {
-                    let zones: Vec<String> = e
-                        .hints
-                        .as_ref()
-                        .and_then(|h| h.for_zones.as_ref())
-                        .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                        .unwrap_or_default();
-                    if zones.is_empty() {
-                        return Err(format!("{source}'s {:?} has no zone hints", e.addresses));
-                    }
-                    out.insert((source.clone(), e.addresses[0].clone()), zones);
-                }
-            }
-            if sources.len() == clusters && out.len() == 4 {
-                Ok(out)
-            } else {
-                Err(format!("sources {sources:?}, ready endpoints {out:?}"))
-            }
-        },
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     node_cluster(EAST).await;
@@ -171,7 +110,7 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
     let east_pods = settled_web_pods(&east, &ns.name, 2, &none).await;
     let west_pods = settled_web_pods(&west, &ns.name, 2, &none).await;
 
-    let args = mcs_daemon_args(&ns.name);
+    let args = mcs_daemon_args(&ns.name, WEST, EAST);
     let before = snapshot(&west, &[&ns.name]).await;
     let _daemon = Daemon::start(&args).await;
     // the hints: west's endpoints name west's zones, east's none of them
@@ -286,99 +225,9 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
 // ---- failover against its floor (issue 28, part 2) -------------------------------------------
 
-/// West's nodes (testbed/node.sh's `node_zone`): nodes 1 and 3 in zone traffic-west-a, node 2 in
-/// traffic-west-b. The clients run on node 1; the zone-a halves on node 3, which is unplugged.
-const NODE_1: &str = "traffic-west-node";
-const NODE_2: &str = "traffic-west-node-2";
-const NODE_3: &str = "traffic-west-node-3";
-const HOSTNAME: &str = "kubernetes.io/hostname";
-
-/// Deployment `name` (2 pods labelled app=`app`, `half`=`name`) on `node` (any node when None),
-/// with web's probe and grace (readiness every second, 5 s of serving after SIGTERM).
-async fn pods(c: &Client, ns: &str, cluster: &str, name: &str, app: &str, node: Option<&str>) {
-    let env = json!([
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "CLUSTER", "value": cluster},
-        {"name": "GRACE_SECONDS", "value": "5"}
-    ]);
-    let deployment: Deployment = support::obj(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": app, "half": name}},
-            "template": {
-                "metadata": {"labels": {"app": app, "half": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 15,
-                    "nodeSelector": node.map(|n| json!({ HOSTNAME: n })),
-                    "containers": [{
-                        "name": "web", "image": support::node::WEB_IMAGE, "imagePullPolicy": "Never",
-                        "env": env,
-                        "ports": [{"name": "http", "containerPort": 8080}],
-                        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1}
-                    }]
-                }
-            }
-        }
-    }));
-    Api::<Deployment>::namespaced(c.clone(), ns)
-        .create(&kube::api::PostParams::default(), &deployment)
-        .await
-        .unwrap_or_else(|e| panic!("{cluster}: create Deployment {name}: {e}"));
-}
-
-/// Service `name` selecting app=`name`, port 80 to `http`, PreferClose.
-async fn prefer_close_service(c: &Client, ns: &str, name: &str) {
-    let svc: Service = support::obj(json!({
-        "metadata": {"name": name},
-        "spec": {"selector": {"app": name}, "trafficDistribution": "PreferClose",
-                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
-    }));
-    Api::<Service>::namespaced(c.clone(), ns)
-        .create(&kube::api::PostParams::default(), &svc)
-        .await
-        .unwrap_or_else(|e| panic!("create Service {name}: {e}"));
-}
-
-/// The ready pods labelled `selector` once exactly `n` are ready and none is terminating: name
-/// to IP.
-async fn ready_pods(c: &Client, ns: &str, selector: &str, n: usize) -> BTreeMap<String, String> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), ns);
-    let lp = ListParams::default().labels(selector);
-    eventually(&format!("{n} ready pods {selector}"), WAIT, || async {
-        let list = api.list(&lp).await.map_err(|e| e.to_string())?;
-        let ready: BTreeMap<String, String> = list
-            .items
-            .iter()
-            .filter(|p| support::node::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.clone()?)))
-            .collect();
-        if ready.len() == n && list.items.len() == n {
-            Ok(ready)
-        } else {
-            Err(format!("{} ready of {}", ready.len(), list.items.len()))
-        }
-    })
-    .await
-}
-
-/// Fails unless `node` runs no CoreDNS pod: unplugging it must cut the web pods off, not every
-/// client's name lookups (CoreDNS was placed when the cluster had its first nodes).
-async fn dns_not_on(c: &Client, node: &str) {
-    let api: Api<Pod> = Api::namespaced(c.clone(), "kube-system");
-    let lp = ListParams::default().labels("k8s-app=kube-dns");
-    let list = api.list(&lp).await.expect("CoreDNS pods");
-    let on: Vec<String> = list
-        .items
-        .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .map(|p| p.name_any())
-        .collect();
-    assert!(
-        on.is_empty(),
-        "CoreDNS runs on {node}, which this test unplugs: {on:?}"
-    );
-}
+// West's nodes (testbed/node.sh's `node_zone`): nodes 1 and 3 in zone traffic-west-a, node 2 in
+// traffic-west-b. The clients run on node 1; the zone-a halves on node 3, which is unplugged
+// (the set-up: tests/support/locality.rs).
 
 /// Waits until every pod labelled `selector` has restarted its container and is ready again.
 async fn restarted(c: &Client, ns: &str, selector: &str) {
@@ -421,37 +270,6 @@ async fn scale_deployment(c: &Client, ns: &str, name: &str, replicas: i32) {
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap_or_else(|e| panic!("scale {name} to {replicas}: {e}"));
-}
-
-/// Waits until the requests `load` began after `from` end with `n` in a row answered by `by`:
-/// the time of the last one before them that failed or was answered by another pod (`from` when
-/// there was none).
-async fn settled_on(load: &Load, from: i64, by: BTreeSet<String>, n: usize) -> i64 {
-    let by = &by;
-    eventually(
-        &format!("{}'s client answered by {by:?} alone", load.name),
-        WAIT,
-        || async {
-            let recs = load.records().await?;
-            let after: Vec<&Rec> = recs.iter().filter(|r| r.sent >= from).collect();
-            let last_other = after
-                .iter()
-                .filter(|r| !r.ok || !by.contains(&r.pod))
-                .map(|r| r.sent)
-                .max();
-            let since = last_other.unwrap_or(from);
-            let home = after
-                .iter()
-                .filter(|r| r.sent > since && r.ok && by.contains(&r.pod))
-                .count();
-            if home >= n {
-                Ok(since)
-            } else {
-                Err(format!("{home} answers by them since {since}"))
-            }
-        },
-    )
-    .await
 }
 
 /// GET /exit on each of `pods`' addresses, one after another from one exec into `client` (a load
@@ -500,56 +318,11 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     node_cluster_with(WEST, 3).await;
     workload_images(&[EAST, WEST]).await;
     tokio::join!(wait_dns(EAST), wait_dns(WEST));
-    dns_not_on(&client(WEST).await, NODE_3).await;
-    let ns = namespace_in("locality-floor", &[EAST, WEST]).await;
-    let (east, west) = (client(EAST).await, client(WEST).await);
-    // the import: west's web on node 3 (zone a), east's web; both PreferClose and exported
-    pods(&west, &ns.name, WEST, "web", "web", Some(NODE_3)).await;
-    pods(&east, &ns.name, EAST, "web", "web", None).await;
-    for c in [&west, &east] {
-        prefer_close_service(c, &ns.name, "web").await;
-        support::mcs::export(c, &ns.name, "web").await;
-    }
-    // the floor: one Service in west, half its pods on node 3 (zone a), half on node 2 (zone b)
-    pods(&west, &ns.name, WEST, "floor-a", "floor", Some(NODE_3)).await;
-    pods(&west, &ns.name, WEST, "floor-b", "floor", Some(NODE_2)).await;
-    prefer_close_service(&west, &ns.name, "floor").await;
-    let west_web = ready_pods(&west, &ns.name, "half=web", 2).await;
-    let east_web = ready_pods(&east, &ns.name, "half=web", 2).await;
-    let floor_a = ready_pods(&west, &ns.name, "half=floor-a", 2).await;
-    let floor_b = ready_pods(&west, &ns.name, "half=floor-b", 2).await;
-
-    let args = mcs_daemon_args(&ns.name);
-    let before = snapshot(&west, &[&ns.name]).await;
-    let _daemon = Daemon::start(&args).await;
-    hinted(&west, &ns.name, 2).await;
-    // both clients on node 1 (zone a)
-    let import_url = format!("http://web.{}.svc.clusterset.local/", ns.name);
-    let floor_url = format!("http://floor.{}.svc.cluster.local/", ns.name);
-    let load = Load::start_on(
-        &west,
-        WEST,
-        &ns.name,
-        "load",
-        &import_url,
-        RATE,
-        Some((HOSTNAME, NODE_1)),
-    )
-    .await;
-    let floor = Load::start_on(
-        &west,
-        WEST,
-        &ns.name,
-        "floor-load",
-        &floor_url,
-        RATE,
-        Some((HOSTNAME, NODE_1)),
-    )
-    .await;
-    let names = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<BTreeSet<String>>();
-    let t0 = now_ms();
-    settled_on(&load, t0, names(&west_web), 2 * RATE as usize).await;
-    settled_on(&floor, t0, names(&floor_a), 2 * RATE as usize).await;
+    let b = Beside::set_up(EAST, WEST, "locality-floor").await;
+    let (ns, west) = (&b.ns, b.west.clone());
+    let (east_web, floor_b) = (b.east_web.clone(), b.floor_b.clone());
+    // both clients on node 1 (zone a), home
+    let (load, floor) = b.clients("load", "floor-load", RATE, false).await;
 
     // 1. graceful: both zone-a halves scaled to 0 at once
     let t1 = now_ms();
@@ -653,7 +426,7 @@ async fn failover_loses_no_more_than_the_same_failover_inside_one_cluster() {
     .join("\n");
     println!("{report}");
     let after = snapshot(&west, &[&ns.name]).await;
-    let touched = touched_by_the_daemon(&before, &after, &ns.name, &["web", "floor"]);
+    let touched = touched_by_the_daemon(&b.before, &after, &ns.name, &["web", "floor"]);
     conclude(
         Report {
             id: "90-locality-failover-floor",

@@ -850,6 +850,10 @@ fn read_or_empty(path: &Path) -> Res<String> {
 /// writes it, always as the last section); runs of the other modes keep it.
 const DATAPATH: &str = "## Data path";
 
+/// The heading of the failover section (`XCC_BENCH_FAILOVER=1`, tests/bench_failover.rs writes
+/// it, before the data path's); runs of the other modes keep it.
+const FAILOVER: &str = "## Failover";
+
 /// Where results.md's section `heading` begins, if it has one.
 fn section_at(md: &str, heading: &str) -> Option<usize> {
     match md.find(&format!("\n{heading}\n")) {
@@ -860,7 +864,13 @@ fn section_at(md: &str, heading: &str) -> Option<usize> {
 
 /// The sections of results.md after the single-remote one, in their order (the data path always
 /// last); each mode replaces its own and keeps the others.
-const SECTIONS: [&str; 4] = [multi::SECTION, mcs::SECTION, probe::SECTION, DATAPATH];
+const SECTIONS: [&str; 5] = [
+    multi::SECTION,
+    mcs::SECTION,
+    probe::SECTION,
+    FAILOVER,
+    DATAPATH,
+];
 
 /// results.md with the section `heading` (one of [`SECTIONS`]) replaced by `section`, or added
 /// in its place in the order of [`SECTIONS`]; the rest is kept as it was.
@@ -887,7 +897,8 @@ fn with_section(md: &str, heading: &str, section: &str) -> String {
     out.trim_start().to_string() + "\n"
 }
 
-/// results.md split before its several-remotes, MCS or data-path section (the first of them).
+/// results.md split before its several-remotes, MCS, failover or data-path section (the first of
+/// them).
 fn split_section(md: &str) -> (&str, Option<&str>) {
     match SECTIONS.iter().filter_map(|h| section_at(md, h)).min() {
         Some(i) => (&md[..i], Some(&md[i..])),
@@ -1167,7 +1178,7 @@ async fn main() -> Res<()> {
         );
     }
     md += &format!("\nWhole run: {:.0} s.\n", started.elapsed().as_secs_f64());
-    // the several-remotes and data-path sections of earlier runs stay
+    // the several-remotes, MCS, failover and data-path sections of earlier runs stay
     let old = read_or_empty(&out.join("results.md"))?;
     let (_, kept) = split_section(&old);
     std::fs::write(
@@ -1182,7 +1193,7 @@ async fn main() -> Res<()> {
     if let Ok(text) = std::fs::read_to_string(out.join("results.json"))
         && let Ok(old) = serde_json::from_str::<Value>(&text)
     {
-        for key in ["multi", "mcs", "datapath"] {
+        for key in ["multi", "mcs", "failover", "datapath"] {
             if let Some(m) = old.get(key) {
                 json[key] = m.clone();
             }

@@ -2,9 +2,11 @@
 //! cluster, clients per cluster, waiting on conditions with a deadline, and the real daemon binary.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod bench;
 pub mod catcher;
 pub mod daemon;
 pub mod fault;
+pub mod locality;
 pub mod mcs;
 pub mod metrics;
 pub mod node;

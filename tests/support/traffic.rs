@@ -4,11 +4,12 @@
 //! events act on.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -139,6 +140,45 @@ pub struct Load {
     pods: Api<Pod>,
     pub name: String,
     pub cluster: &'static str,
+    /// the records read so far by [`Load::follow`]'s stream, by number, when it runs
+    followed: Option<Followed>,
+}
+
+/// The records of one load client's log, kept by a task that follows it.
+struct Followed {
+    recs: Arc<Mutex<BTreeMap<u64, Rec>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Follows the log of load pod `name` into `recs` for ever: a stream that cannot open yet (the
+/// container not started) or ends is opened again, from a few seconds before its last line (a
+/// line seen twice is kept once: records are keyed by number).
+async fn follow_log(pods: Api<Pod>, name: String, recs: Arc<Mutex<BTreeMap<u64, Rec>>>) {
+    use futures::{AsyncBufReadExt, TryStreamExt};
+    let mut last: Option<i64> = None;
+    loop {
+        let lp = LogParams {
+            follow: true,
+            since_seconds: last.map(|t| (now_ms() - t) / 1000 + 5),
+            ..LogParams::default()
+        };
+        if let Ok(log) = pods.log_stream(&name, &lp).await {
+            let mut lines = log.lines();
+            while let Ok(Some(line)) = lines.try_next().await {
+                last = Some(now_ms());
+                if let Some(r) = parse_line(&line) {
+                    recs.lock().expect("records lock").insert(r.seq, r);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 impl Load {
@@ -183,11 +223,44 @@ impl Load {
             pods,
             name: name.to_string(),
             cluster,
+            followed: None,
         }
     }
 
-    /// Every record so far (the pod's log, read through its API server).
+    /// The client with its log followed from now on by a task of its own (one stream, each line
+    /// read once) instead of read whole at every [`Load::records`]: for a client at hundreds of
+    /// requests a second, whose whole log would be megabytes to fetch at every look.
+    pub fn follow(mut self) -> Load {
+        let recs = Arc::new(Mutex::new(BTreeMap::new()));
+        let task = tokio::spawn(follow_log(
+            self.pods.clone(),
+            self.name.clone(),
+            recs.clone(),
+        ));
+        self.followed = Some(Followed { recs, task });
+        self
+    }
+
+    /// Deletes the pod (not waited for).
+    pub async fn delete(&self) {
+        self.pods
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete load pod {} in {}: {e}", self.name, self.cluster));
+    }
+
+    /// Every record so far (the pod's log, read through its API server, or what
+    /// [`Load::follow`]'s stream has read of it).
     pub async fn records(&self) -> Result<Vec<Rec>, String> {
+        if let Some(f) = &self.followed {
+            return Ok(f
+                .recs
+                .lock()
+                .expect("records lock")
+                .values()
+                .cloned()
+                .collect());
+        }
         let log = self
             .pods
             .logs(&self.name, &LogParams::default())
@@ -297,13 +370,26 @@ pub async fn settled_web_pods_within(
     not: &BTreeSet<String>,
     wait: Duration,
 ) -> BTreeMap<String, String> {
+    settled_pods_within(c, ns, "app=web", n, not, wait).await
+}
+
+/// The pods of `ns` labelled `selector` once exactly `n` exist, all ready, none terminating and
+/// none of them named in `not`: name to IP.
+pub async fn settled_pods_within(
+    c: &Client,
+    ns: &str,
+    selector: &str,
+    n: usize,
+    not: &BTreeSet<String>,
+    wait: Duration,
+) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
     eventually(
-        &format!("{n} settled web pods in {ns}, none of {not:?}"),
+        &format!("{n} settled pods {selector} in {ns}, none of {not:?}"),
         wait,
         || async {
             let list = pods
-                .list(&ListParams::default().labels("app=web"))
+                .list(&ListParams::default().labels(selector))
                 .await
                 .map_err(|e| e.to_string())?;
             let ready: BTreeMap<String, String> = list
