@@ -301,9 +301,9 @@ where
     }
 }
 
-/// The bed's clusters that lost a part of their control plane (`testbed/bed status` says
-/// "degraded"), for a wait that timed out: a controller manager that died leaves a cluster that
-/// silently creates no pods.
+/// What `testbed/bed status` finds wrong with the bed, for a wait that timed out: a cluster that
+/// lost a part of its control plane ("degraded": a controller manager that died leaves a cluster
+/// that silently creates no pods), or the disk nearly full (the kubelets then evict pods).
 fn degraded() -> String {
     let out = Command::new("bash")
         .arg(repo_root().join("testbed/bed"))
@@ -314,7 +314,7 @@ fn degraded() -> String {
     };
     let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(" degraded "))
+        .filter(|l| l.contains(" degraded ") || l.starts_with("disk low:"))
         .map(str::to_string)
         .collect();
     if lines.is_empty() {
