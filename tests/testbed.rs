@@ -379,3 +379,49 @@ async fn a_controller_manager_that_died_is_noticed_and_started_again() {
         "{out}"
     );
 }
+
+/// A bed whose filesystem is nearly full says so in `bed status` (the kubelets evict pods below
+/// 1% free, which shows only as pods never ready): a 1 MiB tmpfs as the bed's directory, filled.
+#[test]
+fn a_nearly_full_disk_is_named_by_the_bed_status() {
+    let dir = std::env::temp_dir().join(format!("xcc-tinybed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.to_str().unwrap().to_string();
+    let sh = |args: &[&str]| {
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .status()
+    };
+    assert!(
+        sh(&["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", &path])
+            .unwrap()
+            .success()
+    );
+    std::fs::write(dir.join("fill"), vec![0u8; 1000 * 1024]).unwrap();
+    let out = std::process::Command::new("bash")
+        .arg(support::repo_root().join("testbed/bed"))
+        .arg("status")
+        .env("XCC_TESTBED_DIR", &path)
+        .output()
+        .unwrap();
+    // the namespaces `bed` made in there, then the tmpfs itself
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let mut inside: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|m| m.starts_with(&format!("{path}/")))
+        .collect();
+    inside.sort_unstable_by(|a, b| b.cmp(a));
+    for m in inside.iter().chain([&path.as_str()]) {
+        let _ = sh(&["umount", "-l", m]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.starts_with("disk low:")),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
