@@ -187,11 +187,20 @@ async fn metrics(ip: &str) -> Result<String, String> {
     })
 }
 
-async fn wait_series(ip: &str, name: &str, labels: &[(&str, &str)], at_least: f64) -> i64 {
-    let what = support::metrics::series_text(name, labels) + &format!(" >= {at_least}");
+/// Waits until the series reads `want` (`at_least`: or more): when it first did.
+async fn wait_series(
+    ip: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    want: f64,
+    at_least: bool,
+) -> i64 {
+    let op = if at_least { ">=" } else { "==" };
+    let what = support::metrics::series_text(name, labels) + &format!(" {op} {want}");
     eventually(&what, WAIT, || async {
         let v = series_value(&metrics(ip).await?, name, labels)?;
-        (v >= at_least).then(now_ms).ok_or_else(|| format!("{v}"))
+        let done = if at_least { v >= want } else { v == want };
+        done.then(now_ms).ok_or_else(|| format!("{v}"))
     })
     .await
 }
@@ -278,7 +287,7 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     let healthy = json!({"east": {"ready": 2, "total": 2}, "north": {"ready": 2, "total": 2}});
     support::mcs::import_endpoints(&west, &ns.name, "web", healthy.clone()).await;
     let reachable = [("remote", "north"), ("outcome", "reachable")];
-    wait_series(&ip, "xcc_remote_probes_total", &reachable, 1.0).await;
+    wait_series(&ip, "xcc_remote_probes_total", &reachable, 1.0, true).await;
     let text = metrics(&ip).await.expect("metrics");
     assert_eq!(
         series_value(&text, "xcc_remote_cut_off", &[("remote", "north")]),
@@ -294,7 +303,14 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     let _mend = BedUndo(&["mend", WEST, NORTH]);
     let t0 = now_ms();
     bed_do(&["cut", WEST, NORTH]).await;
-    let cut_off = wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 1.0).await;
+    let cut_off = wait_series(
+        &ip,
+        "xcc_remote_cut_off",
+        &[("remote", "north")],
+        1.0,
+        false,
+    )
+    .await;
     let cut = traffic::proxy_targets(&bed_dir, WEST, &north_ips, true).await;
     let cut_off_json = json!({"east": {"ready": 2, "total": 2},
                               "north": {"ready": 0, "total": 2, "cutOff": true}});
@@ -320,7 +336,14 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     // mended: north's endpoints ready again, sent to again
     bed_do(&["mend", WEST, NORTH]).await;
     let t_back = now_ms();
-    wait_series(&ip, "xcc_remote_cut_off", &[("remote", "north")], 0.0).await;
+    wait_series(
+        &ip,
+        "xcc_remote_cut_off",
+        &[("remote", "north")],
+        0.0,
+        false,
+    )
+    .await;
     let restored = eventually("north's endpoints ready again", WAIT, || async {
         let p = published(&west, &ns.name, FOLLOWER, &north_ips).await;
         let m = published(&west, &ns.name, IMPORT, &north_ips).await;
