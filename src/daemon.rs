@@ -25,6 +25,8 @@ pub struct Config {
     pub remotes: remotes::Settings,
     /// None: no Secret remotes
     pub secrets: Option<remotes::SecretSource>,
+    /// None: no ClusterProfile remotes
+    pub profiles: Option<remotes::profiles::ProfileSource>,
     pub reconcile: reconcile::Settings,
     pub lease: LeaseConfig,
     pub sweep: sweep::Settings,
@@ -77,7 +79,13 @@ pub async fn run(config: Config) -> Result<()> {
     let sweep_now = Arc::new(Notify::new());
     if let Some(from) = &config.secrets {
         let settings = (&config.remotes, from);
-        remotes::secrets::spawn(&sup, &ctl, &clients, &sweep_now, settings).await;
+        remotes::secrets::spawn(&sup, &ctl, &clients, settings).await;
+    }
+    if let Some(from) = &config.profiles {
+        let settings = (&config.remotes, from);
+        remotes::profiles::spawn(&sup, &ctl, &clients, settings)
+            .await
+            .map_err(Error::Config)?;
     }
     remote_tasks(&sup, &ctl, &clients, &config);
     let schedule = schedule::spawn(&sup, &config.sweep_cron, &sweep_now).await?;

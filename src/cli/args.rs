@@ -199,6 +199,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub containment: super::containment::ContainmentArgs,
+
+    #[command(flatten)]
+    pub profiles: super::profiles::ProfileArgs,
 }
 
 /// A response limit: a byte count of at least 64 KiB.
@@ -282,9 +285,10 @@ impl Args {
         if self.kubeconfig.is_none()
             && self.remote_context.is_none()
             && self.remote_secret_selector.trim().is_empty()
+            && !self.profiles.enabled()
         {
             return Err(
-                "no remote: name one with --kubeconfig or --remote-context, or leave --remote-secret-selector set so remotes come from Secrets"
+                "no remote: name one with --kubeconfig or --remote-context, or leave --remote-secret-selector set so remotes come from Secrets, or read ClusterProfiles (--cluster-profiles)"
                     .into(),
             );
         }
@@ -338,6 +342,11 @@ impl Args {
             selector: self.remote_secret_selector.clone(),
             removal_grace: Duration::from_secs(self.remote_removal_grace_seconds),
         });
+        let profiles = self.profiles.source(
+            &self.namespace,
+            self.remote_token_renew_before,
+            Duration::from_secs(self.remote_removal_grace_seconds),
+        )?;
         let lease = LeaseConfig {
             namespace: self.namespace.clone(),
             name: self.lease_name.clone(),
@@ -363,6 +372,7 @@ impl Args {
             },
             client,
             secrets,
+            profiles,
             reconcile: crate::reconcile::Settings {
                 opts,
                 namespaces: namespaces.clone(),

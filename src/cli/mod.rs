@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 pub mod args;
 pub mod containment;
+pub mod profiles;
 pub mod remote_access;
 pub mod status;
 

@@ -96,6 +96,10 @@ pub struct RemoteStatus {
     /// what the data-path probe finds: "reachable", "cut off" (its endpoints published as not
     /// ready), empty without the probe
     pub data_path: String,
+    /// what the cluster inventory says of it when not healthy (a ClusterProfile's
+    /// `ControlPlaneHealthy False (Reason): message`); shown only: `status` judges by what the
+    /// daemon itself sees
+    pub hub_says: String,
 }
 
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -234,6 +238,7 @@ fn from_health_leases(
                 credential_expires_in_seconds: parse(a.get(&keys.credential_expiry))
                     .map(|t| t.duration_since(now).as_secs()),
                 data_path: a.get(&keys.data_path).cloned().unwrap_or_default(),
+                hub_says: a.get(&keys.hub).cloned().unwrap_or_default(),
                 ..Default::default()
             },
         );
@@ -388,11 +393,7 @@ pub fn table(r: &Report, now: Timestamp) -> String {
             } else {
                 s.data_path.clone()
             },
-            if s.known {
-                s.problem.clone()
-            } else {
-                "no daemon here reads it".into()
-            },
+            problem_cell(s),
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
@@ -415,6 +416,20 @@ pub fn table(r: &Report, now: Timestamp) -> String {
     }
     out.push_str(&imports::section(&r.imports));
     out
+}
+
+/// The PROBLEM cell: the daemon's own finding, then what the cluster inventory says.
+fn problem_cell(s: &RemoteStatus) -> String {
+    let own = if s.known {
+        s.problem.clone()
+    } else {
+        "no daemon here reads it".into()
+    };
+    match (own.is_empty(), s.hub_says.is_empty()) {
+        (_, true) => own,
+        (true, false) => format!("hub says: {}", s.hub_says),
+        (false, false) => format!("{own}; hub says: {}", s.hub_says),
+    }
 }
 
 /// Why `status` could not read the local cluster (printed as `error: ...`, exit code 2).
@@ -590,6 +605,7 @@ mod tests {
             conflicts: 1,
             credential_expiry: None,
             data_path: Some("reachable"),
+            hub: None,
         };
         let mut l = health_lease(
             None,

@@ -231,6 +231,14 @@ pub async fn secret_remote(kc: Kubeconfig, settings: &Settings) -> Result<(Clien
     Ok((client, at))
 }
 
+/// A client of a cluster the operator names by a kubeconfig file (its current context), with the
+/// daemon's timeouts: the ClusterProfile hub. Trusted as the static remote's kubeconfig is.
+pub async fn operator_client(path: &Path, settings: &Settings) -> Result<Client> {
+    let cfg = kubeconfig_config(Some(path), None, "hub").await?;
+    client_of(with_timeouts(cfg, settings), Some(settings.body_limits))
+        .map_err(|e| config_err("hub client", e))
+}
+
 /// The uid of a cluster's kube-system namespace: its id (as the MCS ClusterProperty
 /// `cluster.clusterset.k8s.io` defines it).
 pub async fn cluster_id(

@@ -925,7 +925,7 @@ mod tests {
         fn hash(m: &Member) -> String {
             match &m.origin {
                 Origin::Secret { hash, .. } => hash.clone(),
-                Origin::Static => unreachable!(),
+                Origin::Static | Origin::Profile { .. } => unreachable!(),
             }
         }
 

@@ -40,6 +40,9 @@ pub struct Observation {
     pub credential_expiry: Option<Timestamp>,
     /// what the data-path probe finds ("reachable", "cut off"); None without the probe
     pub data_path: Option<&'static str>,
+    /// what the cluster inventory says of it when not healthy (a ClusterProfile's
+    /// `ControlPlaneHealthy False`); shown only, never proof of anything
+    pub hub: Option<String>,
 }
 
 /// The annotation and label keys, under the label key's prefix.
@@ -54,6 +57,7 @@ pub struct Keys {
     pub conflicts: String,
     pub credential_expiry: String,
     pub data_path: String,
+    pub hub: String,
 }
 
 impl Keys {
@@ -69,6 +73,7 @@ impl Keys {
             conflicts: opts.annotation("conflicts"),
             credential_expiry: opts.annotation("credential-expiry"),
             data_path: opts.annotation("data-path"),
+            hub: opts.annotation("hub-says"),
         }
     }
 }
@@ -168,6 +173,7 @@ pub fn desired(
         keys.data_path.clone(),
         o.data_path.unwrap_or_default().to_string(),
     );
+    ann.insert(keys.hub.clone(), o.hub.clone().unwrap_or_default());
 
     let live_spec = live.and_then(|l| l.spec.clone()).unwrap_or_default();
     let mut spec = live_spec.clone();
@@ -288,6 +294,7 @@ impl Keeper {
                             "reachable"
                         }
                     }),
+                    hub: self.ctl.remotes().reported(&s.name),
                 }
             })
             .collect()
@@ -382,6 +389,7 @@ mod tests {
             conflicts: 1,
             credential_expiry: None,
             data_path: None,
+            hub: None,
         }
     }
 

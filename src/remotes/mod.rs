@@ -10,8 +10,10 @@ pub mod health;
 pub mod join;
 pub mod outage;
 pub mod probe;
+pub mod profiles;
 pub mod remote_secret;
 pub mod secrets;
+pub mod source;
 
 /// How remotes are read.
 #[derive(Clone, Debug)]

@@ -61,10 +61,9 @@ impl BudgetOverride {
     }
 }
 
-fn budget_of(s: &Secret) -> Result<BudgetOverride, String> {
+fn budget_of(a: &std::collections::BTreeMap<String, String>) -> Result<BudgetOverride, String> {
     let read = |key: &str, parse: fn(&str) -> Result<u64, String>| {
-        s.annotations()
-            .get(key)
+        a.get(key)
             .map(|v| parse(v).map_err(|e| format!("annotation {key}: {e}")))
             .transpose()
     };
@@ -94,6 +93,9 @@ pub struct Candidate {
     pub budget: BudgetOverride,
     /// its ExternalName Services are mirrored (annotation [`ALLOW_EXTERNAL_NAME_KEY`])
     pub allow_external_name: bool,
+    /// what its credential says, when known otherwise than from the kubeconfig's inline data
+    /// (an exec plugin's `expirationTimestamp`)
+    pub credential: Option<crate::state::Credential>,
 }
 
 /// The name a Secret gives its remote: its label (or annotation) [`NAME_KEY`], else its own.
@@ -108,35 +110,49 @@ pub fn remote_name(s: &Secret) -> String {
 /// Pure: the remote a Secret describes, or why it describes none.
 pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
     let name = remote_name(s);
+    check_name(&name, &format!("{NAME_KEY}, or the Secret's name"))?;
+    let text = kubeconfig_text(s)?;
+    let kubeconfig = Kubeconfig::from_yaml(&text)
+        .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
+    let policy = read_policy(s.annotations())?;
+    Ok(policy.candidate(name, kubeconfig, &text))
+}
+
+/// A remote's name, wherever it comes from (`from` says where, for the message): recorded in
+/// annotations and metric labels, never a label, so any printable name but the local cluster's.
+pub fn check_name(name: &str, from: &str) -> Result<(), String> {
     // as --cluster-name: it is recorded in annotations and metric labels, never a label
     if name.is_empty() || name.len() > 253 || name.chars().any(char::is_control) {
         return Err(format!(
-            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) must be 1 to 253 printable characters"
+            "the remote name {name:?} ({from}) must be 1 to 253 printable characters"
         ));
     }
     if name == crate::state::LOCAL {
         return Err(format!(
-            "the remote name {name:?} ({NAME_KEY}, or the Secret's name) is the local cluster's: give the remote another name"
+            "the remote name {name:?} ({from}) is the local cluster's: give the remote another name"
         ));
     }
-    let text = kubeconfig_text(s)?;
-    let kubeconfig = Kubeconfig::from_yaml(&text)
-        .map_err(|e| format!("{DATA_KEY:?} is not a kubeconfig: {}", one_line(e)))?;
-    let stale_after = match s.annotations().get(STALE_AFTER_KEY) {
-        Some(v) => crate::span::parse_optional(v)
-            .map_err(|e| format!("annotation {STALE_AFTER_KEY}: {e}"))?,
-        None => None,
+    Ok(())
+}
+
+/// What an object's annotations say of its remote: the outage policy, the probe, the allowed
+/// networks, the budget and ExternalNames (the same keys on a Secret and on a ClusterProfile).
+#[derive(Debug, Default)]
+pub struct Policy {
+    pub stale_after: Option<Duration>,
+    pub allowed_cidrs: Vec<ipnet::IpNet>,
+    pub probe_after: Option<Duration>,
+    pub budget: BudgetOverride,
+    pub allow_external_name: bool,
+}
+
+/// Pure: the policy an object's annotations set, or the first annotation that is wrong.
+pub fn read_policy(a: &std::collections::BTreeMap<String, String>) -> Result<Policy, String> {
+    let span = |key: &str| match a.get(key) {
+        Some(v) => crate::span::parse_optional(v).map_err(|e| format!("annotation {key}: {e}")),
+        None => Ok(None),
     };
-    let probe_after = match s.annotations().get(PROBE_AFTER_KEY) {
-        Some(v) => crate::span::parse_optional(v)
-            .map_err(|e| format!("annotation {PROBE_AFTER_KEY}: {e}"))?,
-        None => None,
-    };
-    let allow_external_name = match s
-        .annotations()
-        .get(ALLOW_EXTERNAL_NAME_KEY)
-        .map(String::as_str)
-    {
+    let allow_external_name = match a.get(ALLOW_EXTERNAL_NAME_KEY).map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
         Some(other) => {
@@ -145,38 +161,59 @@ pub fn read_secret(s: &Secret) -> Result<Candidate, String> {
             ));
         }
     };
-    let allowed_cidrs = match s.annotations().get(ALLOWED_CIDRS_KEY) {
+    let allowed_cidrs = match a.get(ALLOWED_CIDRS_KEY) {
         Some(v) => crate::desired::addresses::parse_cidrs(v)
             .map_err(|e| format!("annotation {ALLOWED_CIDRS_KEY}: {e}"))?,
         None => Vec::new(),
     };
-    let budget = budget_of(s)?;
-    let mut policy = stale_after.map_or(String::new(), |d| d.as_secs().to_string());
-    if allow_external_name {
-        // only when set, so the hash of a Secret without it is what it was (no rotation)
-        policy.push_str("\nexternal-name");
-    }
-    if !allowed_cidrs.is_empty() {
-        // a changed allowlist is a rotation; an absent one hashes as before
-        let nets: Vec<String> = allowed_cidrs.iter().map(ToString::to_string).collect();
-        policy = format!("{policy}\nallowed={}", nets.join(","));
-    }
-    // a changed budget is a rotation too
-    policy.push_str(&budget.text());
-    if let Some(d) = probe_after {
-        // only when set: a Secret without it hashes as before
-        policy.push_str(&format!("\nprobe={}", d.as_millis()));
-    }
-    Ok(Candidate {
-        name,
-        kubeconfig,
-        hash: hex::encode(Sha256::digest(format!("{text}\n{policy}").as_bytes())),
-        stale_after,
+    Ok(Policy {
+        stale_after: span(STALE_AFTER_KEY)?,
         allowed_cidrs,
-        probe_after,
-        budget,
+        probe_after: span(PROBE_AFTER_KEY)?,
+        budget: budget_of(a)?,
         allow_external_name,
     })
+}
+
+impl Policy {
+    /// What the policy adds to an access's hash: a change is a rotation; what is not set adds
+    /// nothing (a Secret without these annotations hashes as it always did).
+    fn text(&self) -> String {
+        let mut policy = self
+            .stale_after
+            .map_or(String::new(), |d| d.as_secs().to_string());
+        if self.allow_external_name {
+            policy.push_str("\nexternal-name");
+        }
+        if !self.allowed_cidrs.is_empty() {
+            let nets: Vec<String> = self.allowed_cidrs.iter().map(ToString::to_string).collect();
+            policy = format!("{policy}\nallowed={}", nets.join(","));
+        }
+        policy.push_str(&self.budget.text());
+        if let Some(d) = self.probe_after {
+            policy.push_str(&format!("\nprobe={}", d.as_millis()));
+        }
+        policy
+    }
+
+    /// The candidate of a remote with this policy; `access` is what its hash is of besides the
+    /// policy (a Secret's kubeconfig text).
+    pub fn candidate(self, name: String, kubeconfig: Kubeconfig, access: &str) -> Candidate {
+        let hash = hex::encode(Sha256::digest(
+            format!("{access}\n{}", self.text()).as_bytes(),
+        ));
+        Candidate {
+            name,
+            kubeconfig,
+            hash,
+            stale_after: self.stale_after,
+            allowed_cidrs: self.allowed_cidrs,
+            probe_after: self.probe_after,
+            budget: self.budget,
+            allow_external_name: self.allow_external_name,
+            credential: None,
+        }
+    }
 }
 
 /// The kubeconfig text a Secret holds under [`DATA_KEY`] (data, else stringData).

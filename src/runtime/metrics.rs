@@ -37,6 +37,7 @@ pub struct Metrics {
     pub remote_stale_transitions: PerRemote<ByRemoteTo, Counter>,
     pub remote_changes: Family<ByChange, Counter>,
     pub remote_secrets_refused: Gauge,
+    pub remote_profiles_refused: Gauge,
     pub credential_renewals: PerRemote<ByRemoteOutcome, Counter>,
     pub probes: PerRemote<ByRemoteOutcome, Counter>,
     pub labels_refused: PerRemote<ByRemoteReason, Counter>,
@@ -72,6 +73,7 @@ impl Default for Metrics {
             remote_stale_transitions: PerRemote::new(&gone),
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
+            remote_profiles_refused: Gauge::default(),
             credential_renewals: PerRemote::new(&gone),
             probes: PerRemote::new(&gone),
             labels_refused: PerRemote::new(&gone),
@@ -161,13 +163,18 @@ impl Default for Metrics {
         );
         registry.register(
             "remote_changes",
-            "Remotes joined, rotated, left, and Secrets refused as remotes",
+            "Remotes joined, rotated, left, and Secrets or ClusterProfiles refused as remotes",
             m.remote_changes.clone(),
         );
         registry.register(
             "remote_secrets_refused",
             "Remote Secrets that are not a remote now (each named on /readyz)",
             m.remote_secrets_refused.clone(),
+        );
+        registry.register(
+            "remote_profiles_refused",
+            "ClusterProfiles that are not a remote now (each named on /readyz)",
+            m.remote_profiles_refused.clone(),
         );
         registry.register(
             "remote_credential_renewals",

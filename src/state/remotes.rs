@@ -20,6 +20,20 @@ pub enum Origin {
     Static,
     /// a Secret of the daemon's namespace; `hash` is of its kubeconfig, to tell a rotation
     Secret { name: String, hash: String },
+    /// a ClusterProfile of the hub; `hash` is of its access and the credential its plugin gave
+    Profile { name: String, hash: String },
+}
+
+impl Origin {
+    /// The kind of object a remote came from (`Secret`, `ClusterProfile`), its name and the hash
+    /// of what it said; None for the static remote.
+    pub fn object(&self) -> Option<(&'static str, &str, &str)> {
+        match self {
+            Origin::Static => None,
+            Origin::Secret { name, hash } => Some(("Secret", name, hash)),
+            Origin::Profile { name, hash } => Some(("ClusterProfile", name, hash)),
+        }
+    }
 }
 
 /// One remote as the daemon reads it.
@@ -50,12 +64,16 @@ pub struct Remotes {
     retired: RwLock<BTreeSet<String>>,
     /// the MCS names the retired remotes went by (see [`Remotes::retire`])
     retired_mcs: RwLock<BTreeSet<String>>,
-    /// the names the remote Secrets give their remotes, members or not (one whose server does
-    /// not answer names a remote all the same): an MCS name one of them gives is kept for it
-    named: RwLock<BTreeSet<String>>,
-    /// false while a source of remotes (the Secrets) has not been listed once: until then a
-    /// remote missing from the registry may only not have joined yet
-    unlisted: std::sync::atomic::AtomicBool,
+    /// per source of remotes (`remote Secrets in fair-system`, say): the names its objects give
+    /// their remotes, members or not (one whose server does not answer names a remote all the
+    /// same): an MCS name one of them gives is kept for it
+    named: RwLock<BTreeMap<String, BTreeSet<String>>>,
+    /// the sources of remotes not listed once yet: until each has been, a remote missing from the
+    /// registry may only not have joined yet
+    unlisted: RwLock<BTreeSet<String>>,
+    /// remote -> what the cluster inventory says of it when it is not healthy
+    /// (`ControlPlaneHealthy False (Reason): message`): shown, never proof of anything
+    reported: RwLock<BTreeMap<String, String>>,
     /// a remote's health changed between renewals (the outage policy or the probe marked or
     /// restored it): the health Leases are written again at once, so `status` shows it now
     health_changed: tokio::sync::Notify,
@@ -139,30 +157,53 @@ impl Remotes {
         self.retired.read().clone()
     }
 
-    /// Every name the sources of remotes give (the members' and those the remote Secrets
-    /// name), once every source has been listed; None before.
+    /// Every name the sources of remotes give (the members' and those their objects name), once
+    /// every source has been listed; None before.
     pub fn named(&self) -> Option<BTreeSet<String>> {
         if !self.complete() {
             return None;
         }
-        let mut all = self.named.read().clone();
+        let mut all: BTreeSet<String> = self.named.read().values().flatten().cloned().collect();
         all.extend(self.members.read().keys().map(|k| k.to_string()));
         Some(all)
     }
 
-    /// Records the names the remote Secrets give their remotes.
-    pub fn set_named(&self, names: BTreeSet<String>) {
-        *self.named.write() = names;
+    /// Records the names the objects of one source give their remotes.
+    pub fn set_named(&self, source: &str, names: BTreeSet<String>) {
+        self.named.write().insert(source.to_string(), names);
     }
 
     /// Whether every source of remotes has been listed once (see `unlisted`).
     pub fn complete(&self) -> bool {
-        !self.unlisted.load(std::sync::atomic::Ordering::SeqCst)
+        self.unlisted.read().is_empty()
     }
 
-    pub fn set_complete(&self, complete: bool) {
-        self.unlisted
-            .store(!complete, std::sync::atomic::Ordering::SeqCst);
+    /// A source of remotes that has not been listed yet: until it is, the set is not complete.
+    pub fn unlisted(&self, source: &str) {
+        self.unlisted.write().insert(source.to_string());
+    }
+
+    /// A source of remotes has been listed once.
+    pub fn listed(&self, source: &str) {
+        self.unlisted.write().remove(source);
+    }
+
+    /// Records what the cluster inventory says of a remote (None: nothing wrong).
+    pub fn set_reported(&self, remote: &str, what: Option<String>) {
+        let mut all = self.reported.write();
+        let before = match what {
+            Some(w) => all.insert(remote.to_string(), w.clone()) != Some(w),
+            None => all.remove(remote).is_some(),
+        };
+        drop(all);
+        if before {
+            self.health_changed();
+        }
+    }
+
+    /// What the cluster inventory says of a remote that is not healthy.
+    pub fn reported(&self, remote: &str) -> Option<String> {
+        self.reported.read().get(remote).cloned()
     }
 
     /// Records why a source is not (or no longer) a member.
