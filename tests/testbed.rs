@@ -425,3 +425,196 @@ fn a_nearly_full_disk_is_named_by_the_bed_status() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The Cluster Inventory API end to end on a hub cluster of the bed: the upstream ClusterProfile
+/// CRD (testbed/inventory.sh's pinned snapshot) serves ClusterProfiles with a status subresource,
+/// and the reference `secretreader` exec credential plugin built from the same snapshot, run as
+/// client-go runs an exec plugin (the profile's cluster and its exec extension in
+/// KUBERNETES_EXEC_INFO), answers with the token of the Secret the profile names, and fails with
+/// one line naming that Secret when it is missing.
+#[tokio::test]
+async fn a_cluster_profile_and_the_secretreader_plugin_work_on_a_hub() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    };
+    use support::inventory;
+
+    const HUB: &str = "fleet-hub";
+    const TOKEN: &str = "spoke-1-token-5f1c";
+    const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+    support::extra_cluster(HUB, "").await;
+    inventory::install_crd(HUB).await;
+    // idempotent: applying it again succeeds, and it is still established
+    inventory::install_crd(HUB).await;
+    let ns = support::namespace_in("inventory-hub", &[HUB]).await;
+    let hub = client(HUB).await;
+
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &ns.name);
+    secrets
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "spoke-1"}, "stringData": {"token": TOKEN}})),
+        )
+        .await
+        .expect("create the spoke's Secret");
+
+    // the profile; the status sent with the create is dropped (a status subresource), then set
+    // through that subresource and read back as sent
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile"),
+        "clusterprofiles",
+    );
+    let profiles: Api<DynamicObject> = Api::namespaced_with(hub.clone(), &ns.name, &resource);
+    let ca_data = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCm5vdCBhIGNlcnRpZmljYXRlCg==";
+    let status = json!({"accessProviders": [{
+        "name": "secretreader",
+        "cluster": {
+            "server": "https://127.0.0.1:1",
+            "certificate-authority-data": ca_data,
+            "extensions": [{"name": EXEC_EXTENSION, "extension": {"clusterName": "spoke-1"}}]
+        }
+    }]});
+    let created = profiles
+        .create(
+            &PostParams::default(),
+            &obj(json!({
+                "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
+                "metadata": {"name": "spoke-1"},
+                "spec": {"displayName": "spoke 1", "clusterManager": {"name": "xcc-test"}},
+                "status": status
+            })),
+        )
+        .await
+        .expect("create a ClusterProfile");
+    assert_eq!(
+        created.data.get("status"),
+        None,
+        "a create does not set the status: {created:?}"
+    );
+    profiles
+        .patch_status(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .expect("set the ClusterProfile's status through its subresource");
+    let read = profiles
+        .get("spoke-1")
+        .await
+        .expect("read the ClusterProfile");
+    assert_eq!(read.data["status"], status, "the status read back");
+
+    // what client-go hands an exec plugin: the profile's cluster, with its exec extension as
+    // spec.cluster.config
+    let cluster = &read.data["status"]["accessProviders"][0]["cluster"];
+    let config = cluster["extensions"]
+        .as_array()
+        .and_then(|es| es.iter().find(|e| e["name"] == EXEC_EXTENSION))
+        .map(|e| e["extension"].clone())
+        .expect("the exec extension");
+    let exec_info = json!({
+        "apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {
+            "server": cluster["server"],
+            "certificate-authority-data": cluster["certificate-authority-data"],
+            "config": config
+        }}
+    })
+    .to_string();
+
+    // the plugin's own kubeconfig: the hub (its admin), the test namespace as the current
+    // context's namespace (the plugin reads the Secret <that namespace>/<clusterName>)
+    let bed_kc: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(&support::bed().await.kubeconfig).expect("read kubeconfig"),
+    )
+    .expect("kubeconfig is YAML");
+    let named = |list: &str, name: &str| {
+        bed_kc[list]
+            .as_sequence()
+            .and_then(|s| s.iter().find(|e| e["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("the bed's kubeconfig has no {list} entry {name}"))
+    };
+    let (hub_cluster, hub_user) = (
+        named("clusters", HUB),
+        named("users", &format!("{HUB}-admin")),
+    );
+    // The bed's network rule holds: the plugin runs in this process's network namespace, the
+    // bed's (support::bed() asserts it), where only the bed's addresses exist and nothing leaves
+    // the machine; it talks only to the hub's API server on loopback (below). The profile's
+    // server (127.0.0.1:1) is only passed to it, never dialled by secretreader.
+    let server = hub_cluster["cluster"]["server"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(server.starts_with("https://127.0.0.1:"), "{server}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("hub.kubeconfig");
+    let text = serde_yaml::to_string(&json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [hub_cluster], "users": [hub_user],
+        "contexts": [{"name": "hub", "context": {
+            "cluster": HUB, "user": format!("{HUB}-admin"), "namespace": ns.name}}],
+        "current-context": "hub"
+    }))
+    .expect("kubeconfig YAML");
+    std::fs::write(&kubeconfig, text).expect("write the plugin's kubeconfig");
+
+    let run = || {
+        let (plugin, kubeconfig, exec_info) =
+            (inventory::plugin(), kubeconfig.clone(), exec_info.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(&plugin)
+                    .env("KUBERNETES_EXEC_INFO", exec_info)
+                    .env("KUBECONFIG", kubeconfig)
+                    // in-cluster configuration would win over KUBECONFIG
+                    .env_remove("KUBERNETES_SERVICE_HOST")
+                    .env_remove("KUBERNETES_SERVICE_PORT")
+                    .output()
+                    .unwrap_or_else(|e| panic!("run {}: {e}", plugin.display()))
+            })
+            .await
+            .expect("plugin task")
+        }
+    };
+
+    let out = run().await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the plugin failed ({}): {stderr}",
+        out.status
+    );
+    let credential: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    assert_eq!(
+        credential["apiVersion"], "client.authentication.k8s.io/v1",
+        "{credential}"
+    );
+    assert_eq!(credential["kind"], "ExecCredential", "{credential}");
+    assert_eq!(credential["status"]["token"], TOKEN, "{credential}");
+
+    secrets
+        .delete("spoke-1", &DeleteParams::default())
+        .await
+        .expect("delete the spoke's Secret");
+    let out = run().await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the plugin succeeded without its Secret: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].contains(&format!("{}/spoke-1", ns.name)),
+        "one line naming the Secret {}/spoke-1, got: {stderr}",
+        ns.name
+    );
+}
