@@ -341,7 +341,7 @@ async fn bad_remote_secrets_are_refused_one_by_one_and_the_good_remote_keeps_flo
         (
             "dup-name",
             Some(good.clone()),
-            "is already named by Secret east",
+            "is already named by Secret t-remotes-bad-",
         ),
     ];
     for (name, kc, _) in &cases {

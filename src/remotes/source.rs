@@ -73,6 +73,14 @@ pub enum Refused {
     },
 }
 
+/// Whether an object's refusal is news (logged) and its first (counted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum News {
+    First,
+    Changed,
+    Same,
+}
+
 /// What differs between the kinds of objects that name remotes.
 pub trait Kind: Send + 'static {
     type Object: Resource<DynamicType = ()>
@@ -127,8 +135,9 @@ pub struct Source<K: Kind> {
     local: LocalCluster,
     /// object name -> the object as last seen
     objects: BTreeMap<String, K::Object>,
-    /// object names that could not be used (tried again every RETRY)
-    failing: BTreeSet<String>,
+    /// object names that could not be used -> when they were last tried (again every RETRY),
+    /// and why not (a new reason is logged again)
+    failing: BTreeMap<String, (Instant, String)>,
     /// remote name -> when it leaves (its object was deleted)
     leaving: BTreeMap<String, Instant>,
     /// remote name -> the cluster id it had (an object reaching another cluster is held)
@@ -158,7 +167,7 @@ impl<K: Kind> Source<K> {
             removal_grace,
             local,
             objects: BTreeMap::new(),
-            failing: BTreeSet::new(),
+            failing: BTreeMap::new(),
             leaving: BTreeMap::new(),
             ids,
         }
@@ -255,10 +264,18 @@ impl<K: Kind> Source<K> {
                 self.ctl.remotes().clear_problem(&self.source(&name));
             }
             Err(why) => {
-                let first = self.failing.insert(name.clone());
+                let said = why.to_string();
+                let was = self
+                    .failing
+                    .insert(name.clone(), (Instant::now(), said.clone()));
+                let news = match &was {
+                    None => News::First,
+                    Some((_, before)) if *before != said => News::Changed,
+                    Some(_) => News::Same,
+                };
                 // the gauge first: whoever sees the problem on /readyz sees it counted
                 self.count_refused();
-                self.refused(&o, why, first).await;
+                self.refused(&o, why, news).await;
             }
         }
     }
@@ -423,10 +440,12 @@ impl<K: Kind> Source<K> {
     }
 
     /// An object that cannot be used: reported; a remote it named keeps running as it was.
-    async fn refused(&self, o: &K::Object, why: Refused, first: bool) {
+    async fn refused(&self, o: &K::Object, why: Refused, news: News) {
         let source = self.source(&o.name_any());
-        if first {
+        if news != News::Same {
             warn!(from = %source, "not a usable remote: {why}");
+        }
+        if news == News::First {
             self.changed("refused");
         }
         self.ctl
@@ -463,7 +482,15 @@ impl<K: Kind> Source<K> {
     }
 
     async fn on_tick(&mut self) {
-        let mut again: BTreeSet<String> = self.failing.clone();
+        // what failed, once RETRY has passed since it was tried (a plugin that hangs holds the
+        // source for its time limit: not at every tick), and what is due for a refresh
+        let now = Instant::now();
+        let mut again: BTreeSet<String> = self
+            .failing
+            .iter()
+            .filter(|(_, (tried, _))| now.duration_since(*tried) >= RETRY)
+            .map(|(n, _)| n.clone())
+            .collect();
         again.extend(self.kind.due());
         let retry: Vec<K::Object> = again
             .iter()

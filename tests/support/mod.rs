@@ -6,6 +6,7 @@ pub mod bench;
 pub mod catcher;
 pub mod daemon;
 pub mod fault;
+pub mod fleet;
 pub mod inventory;
 pub mod locality;
 pub mod mcs;
