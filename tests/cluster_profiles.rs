@@ -18,10 +18,13 @@ use support::remotes::{export, secrets_only_args};
 use support::{LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, present};
 
 const WAIT: Duration = Duration::from_secs(60);
+/// The condition the daemon writes back on each profile (`--cluster-profiles-report-as west`).
+const OURS: &str = "cross-cluster-controller.fair.com/ConnectedFrom.west";
 
 async fn daemon(fleet: &Fleet, providers: &std::path::Path) -> Daemon {
     let mut args = secrets_only_args(&fleet.ns);
     args.extend(fleet.flags(providers));
+    args.extend(["--cluster-profiles-report-as", "west"].map(String::from));
     let d = Daemon::start_secrets_only(&args).await;
     d.wait_leading().await;
     d
@@ -96,6 +99,17 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     let joined = started.elapsed();
     d.wait_metric("xcc_remote_changes_total", &[("change", "joined")], 1.0)
         .await;
+    // what west sees of east, written back on the profile (the leader's own condition)
+    let ours = eventually("west's condition on the profile", WAIT, || async {
+        let c = fleet.condition("east", OURS).await?;
+        if c["status"] == "True" {
+            Ok(c)
+        } else {
+            Err(c.to_string())
+        }
+    })
+    .await;
+    assert_eq!(ours["reason"], "Connected", "{ours}");
     let before = snapshot(&client(LOCAL).await, &[&ns.name]).await;
     let one_hour = expiry(&d, "east").expect("east's credential expiry");
     let now = std::time::SystemTime::now()
@@ -148,6 +162,18 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
         true,
         "the daemon judges by what it sees itself"
     );
+    // the manager's condition and west's own stand side by side (the merge patch above replaced
+    // the list: west writes its own back, and leaves the manager's alone)
+    eventually("west's condition beside the manager's", WAIT, || async {
+        let ours = fleet.condition("east", OURS).await?;
+        let theirs = fleet.condition("east", "ControlPlaneHealthy").await?;
+        if ours["status"] == "True" && theirs["status"] == "False" {
+            Ok(())
+        } else {
+            Err(format!("{ours} {theirs}"))
+        }
+    })
+    .await;
     present(&west, "web").await.expect("the follower kept");
     let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
     let alive = BTreeSet::from(["web".to_string()]);
@@ -222,6 +248,7 @@ async fn profiles_that_cannot_be_used_are_refused_and_delete_nothing() {
     let mut args = secrets_only_args(&fleet.ns);
     args.extend(fleet.flags(&providers));
     args.extend(["--cluster-profiles-exec-timeout-seconds", "2"].map(String::from));
+    args.extend(["--cluster-profiles-report-as", "west"].map(String::from));
     let d = Daemon::start_secrets_only(&args).await;
     d.wait_leading().await;
 
@@ -304,6 +331,29 @@ async fn profiles_that_cannot_be_used_are_refused_and_delete_nothing() {
         logs.contains(r#"secrets \"no-such-secret\" not found"#)
             || logs.contains(r#"secrets "no-such-secret" not found"#),
         "the plugin's reason in the log:\n{logs}"
+    );
+
+    // each refusal is written back on its profile, for the fleet's operator
+    let refused = eventually(
+        "west's Refused condition on the unknown profile",
+        WAIT,
+        || async {
+            let c = fleet.condition("unknown", OURS).await?;
+            if c["reason"] == "Refused" {
+                Ok(c)
+            } else {
+                Err(c.to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(refused["status"], "False");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("(gke)"),
+        "{refused}"
     );
 
     // a running remote whose plugin starts failing (its hub Secret deleted) keeps running

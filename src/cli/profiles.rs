@@ -43,6 +43,13 @@ pub struct ProfileArgs {
     /// tried again, its remote kept as it was).
     #[arg(long, env = "CLUSTER_PROFILES_EXEC_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub cluster_profiles_exec_timeout_seconds: u64,
+
+    /// Write back what this daemon sees of each profile's cluster: the leader keeps a condition
+    /// of its own, `cross-cluster-controller.fair.com/ConnectedFrom.<NAME>`, on each profile it
+    /// reads or refuses (NAME: this cluster's name in the fleet, a lowercase DNS label). Needs
+    /// `patch` on clusterprofiles/status in the hub. Default: off, nothing is written there.
+    #[arg(long, env = "CLUSTER_PROFILES_REPORT_AS")]
+    pub cluster_profiles_report_as: Option<String>,
 }
 
 impl ProfileArgs {
@@ -63,6 +70,9 @@ impl ProfileArgs {
             if self.clusterprofile_provider_file.is_some() {
                 return Err("--clusterprofile-provider-file needs --cluster-profiles".into());
             }
+            if self.cluster_profiles_report_as.is_some() {
+                return Err("--cluster-profiles-report-as needs --cluster-profiles".into());
+            }
             return Ok(None);
         };
         if namespace.is_empty() {
@@ -74,6 +84,13 @@ impl ProfileArgs {
                     .into(),
             );
         };
+        if let Some(name) = &self.cluster_profiles_report_as
+            && !crate::desired::mcs::is_cluster_name(name)
+        {
+            return Err(format!(
+                "--cluster-profiles-report-as {name:?} is not a cluster name (a lowercase DNS name: letters, digits, - and ., at most 63 characters)"
+            ));
+        }
         let at = format!("--clusterprofile-provider-file {}", path.display());
         let text = std::fs::read_to_string(path).map_err(|e| format!("{at}: {e}"))?;
         let providers = access::parse_provider_file(&text).map_err(|e| format!("{at}: {e}"))?;
@@ -90,6 +107,7 @@ impl ProfileArgs {
             exec_timeout: Duration::from_secs(self.cluster_profiles_exec_timeout_seconds),
             removal_grace,
             daemon_namespace: daemon_namespace.to_string(),
+            report_as: self.cluster_profiles_report_as.clone(),
         }))
     }
 }
@@ -116,6 +134,7 @@ mod tests {
             clusterprofile_provider_file: file,
             cluster_profiles_refresh_seconds: 300,
             cluster_profiles_exec_timeout_seconds: 10,
+            cluster_profiles_report_as: None,
         }
     }
 

@@ -207,6 +207,22 @@ impl Fleet {
             .unwrap_or_else(|e| panic!("status of ClusterProfile {name}: {e}"));
     }
 
+    /// The condition `kind` of profile `name`, if it carries one.
+    pub async fn condition(&self, name: &str, kind: &str) -> Result<Value, String> {
+        let p = profiles(&self.hub, &self.ns)
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let conditions = p.data["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conditions
+            .into_iter()
+            .find(|c| c["type"] == kind)
+            .ok_or_else(|| format!("no condition {kind} on {name}: {}", p.data["status"]))
+    }
+
     pub async fn delete_profile(&self, name: &str) {
         profiles(&self.hub, &self.ns)
             .delete(name, &DeleteParams::default())

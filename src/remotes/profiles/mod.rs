@@ -12,6 +12,7 @@
 //! and is never proof of anything: only a remote's own listings prove a Service gone.
 pub mod access;
 pub mod exec;
+pub mod report;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -40,6 +41,10 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::supervisor::Supervisor;
 use crate::state::{Credential, Origin};
 use access::Providers;
+
+/// How often the leader looks whether a profile's condition (write-back) must change, besides
+/// each change of a remote's health.
+const REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The condition a cluster manager sets on a profile.
 pub const CONTROL_PLANE_HEALTHY: &str = "ControlPlaneHealthy";
@@ -127,6 +132,9 @@ pub struct ProfileSource {
     pub removal_grace: Duration,
     /// the daemon's namespace (a hub given by Secret is there)
     pub daemon_namespace: String,
+    /// write back what this daemon sees of each profile's cluster, as a condition named after
+    /// this name (see [`report`]); None: write nothing to the hub
+    pub report_as: Option<String>,
 }
 
 /// The profiles of the hub's namespace.
@@ -138,6 +146,8 @@ pub struct Profiles {
     next: BTreeMap<String, Instant>,
     /// profile -> what its provider's policy ignored, as last said (said again on a change)
     ignored: BTreeMap<String, Vec<String>>,
+    /// with write-back: this daemon's condition type, and its condition on each profile as seen
+    report: Option<(String, report::Observed)>,
 }
 
 impl Kind for Profiles {
@@ -162,6 +172,13 @@ impl Kind for Profiles {
 
     async fn candidate(&mut self, p: &ClusterProfile) -> Result<Candidate, Refused> {
         let name = p.name_any();
+        if let Some((kind, observed)) = &self.report {
+            let mut observed = observed.write();
+            match report::ours(p, kind) {
+                Some(c) => observed.insert(name.clone(), c),
+                None => observed.remove(&name),
+            };
+        }
         // what the hub says of the cluster is shown whatever else happens
         self.ctl
             .remotes()
@@ -212,6 +229,9 @@ impl Kind for Profiles {
     fn forget(&mut self, object: &str) {
         self.next.remove(object);
         self.ignored.remove(object);
+        if let Some((_, observed)) = &self.report {
+            observed.write().remove(object);
+        }
         self.ctl.remotes().set_reported(object, None);
     }
 }
@@ -345,12 +365,27 @@ pub async fn spawn(
     ctl.remotes()
         .unlisted(&super::source::listing_source::<Profiles>(&from.namespace));
     let hub = hub_client(from, clients, settings).await?;
+    let report = from.report_as.as_ref().map(|name| {
+        let kind = format!("{}{name}", report::CONDITION_PREFIX);
+        let observed = report::Observed::default();
+        let reporter = report::Reporter {
+            ctl: Arc::clone(ctl),
+            hub: hub.clone(),
+            namespace: from.namespace.clone(),
+            kind: kind.clone(),
+            interval: REPORT_INTERVAL,
+            observed: Arc::clone(&observed),
+        };
+        sup.spawn_until_shutdown("ClusterProfile conditions", reporter.run());
+        (kind, observed)
+    });
     let kind = Profiles {
         hub,
         from: from.clone(),
         ctl: Arc::clone(ctl),
         next: BTreeMap::new(),
         ignored: BTreeMap::new(),
+        report,
     };
     let local = super::source::local_cluster(clients, settings).await;
     let source = Source::new(
