@@ -245,8 +245,23 @@ async fn profiles_that_cannot_be_used_are_refused_and_delete_nothing() {
     ]);
     let token = fleet.token_for(REMOTE, "1h").await;
     fleet.put_token("east-spoke", &token).await;
+    // this daemon reads the hub through a Secret of its namespace (checked as a remote Secret's
+    // kubeconfig is), not a file
+    let hub_kc = std::fs::read_to_string(&fleet.hub_kubeconfig).unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client(LOCAL).await, &ns.name);
+    let hub_secret = support::obj(json!({"metadata": {"name": "fleet-hub"},
+                                          "stringData": {"kubeconfig": hub_kc}}));
+    secrets
+        .create(&kube::api::PostParams::default(), &hub_secret)
+        .await
+        .unwrap();
     let mut args = secrets_only_args(&fleet.ns);
-    args.extend(fleet.flags(&providers));
+    args.extend(support::daemon::with_flag(
+        fleet.flags(&providers),
+        "--cluster-profiles-hub",
+        "secret:fleet-hub",
+    ));
     args.extend(["--cluster-profiles-exec-timeout-seconds", "2"].map(String::from));
     args.extend(["--cluster-profiles-report-as", "west"].map(String::from));
     let d = Daemon::start_secrets_only(&args).await;
@@ -333,6 +348,24 @@ async fn profiles_that_cannot_be_used_are_refused_and_delete_nothing() {
         "the plugin's reason in the log:\n{logs}"
     );
 
+    // a remote Secret giving its remote the name a profile's remote has is refused, and the other
+    // way round nothing moves: east stays the profile's
+    let by_secret = support::remotes::remote_secret(
+        "east-by-secret",
+        Some("east"),
+        Some(&support::remotes::kubeconfig_of(REMOTE, |_| {}).await),
+    );
+    support::remotes::apply_secret(&secrets, &by_secret).await;
+    eventually("the Secret naming east refused", WAIT, || async {
+        let (_, body) = d.readyz()?;
+        let line = format!(
+            "Secret {}/east-by-secret: not a remote: remote \"east\" is already named by ClusterProfile east",
+            ns.name
+        );
+        if body.contains(&line) { Ok(()) } else { Err(body) }
+    })
+    .await;
+
     // each refusal is written back on its profile, for the fleet's operator
     let refused = eventually(
         "west's Refused condition on the unknown profile",
@@ -381,9 +414,9 @@ async fn profiles_that_cannot_be_used_are_refused_and_delete_nothing() {
         Report {
             id: "93-profile-refused",
             scenario: "ClusterProfiles that cannot be used, beside a good one",
-            done: "an unknown provider, a plugin failing (no hub Secret), a plugin hanging (killed after 2 s), a profile setting LD_PRELOAD under a Replace policy; then the good remote's hub Secret deleted",
+            done: "the hub read through a Secret; an unknown provider, a plugin failing (no hub Secret), a plugin hanging (killed after 2 s), a profile setting LD_PRELOAD under a Replace policy, a remote Secret taking the profile remote's name; then the good remote's hub Secret deleted",
             converge: None,
-            note: "all four on /readyz with their reason, xcc_remote_profiles_refused 4; the good remote's ignored variable never reached its plugin; with its credential gone from the hub it kept running and its follower stayed".into(),
+            note: "all four on /readyz with their reason, xcc_remote_profiles_refused 4, the Secret refused as the name is the profile's; the good remote's ignored variable never reached its plugin; with its credential gone from the hub it kept running and its follower stayed".into(),
         },
         &before,
         &after,

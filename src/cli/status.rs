@@ -657,6 +657,25 @@ mod tests {
     }
 
     #[test]
+    fn what_the_hub_says_follows_the_daemons_own_finding_in_the_problem_cell() {
+        let mut s = RemoteStatus {
+            known: true,
+            ..Default::default()
+        };
+        assert_eq!(problem_cell(&s), "");
+        s.hub_says = "ControlPlaneHealthy False (AgentLost): gone".into();
+        assert_eq!(
+            problem_cell(&s),
+            "hub says: ControlPlaneHealthy False (AgentLost): gone"
+        );
+        s.problem = "watch failing".into();
+        assert_eq!(
+            problem_cell(&s),
+            "watch failing; hub says: ControlPlaneHealthy False (AgentLost): gone"
+        );
+    }
+
+    #[test]
     fn a_remote_whose_data_path_is_cut_off_needs_a_look() {
         let inputs = |data_path: &str| {
             let mut east = health("east", None, "2026-01-01T00:09:50Z");

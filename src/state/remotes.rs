@@ -266,6 +266,41 @@ mod tests {
         );
     }
 
+    #[test]
+    fn names_are_known_only_once_every_source_has_been_listed() {
+        // a remote missing from the registry proves nothing until every source was listed: with
+        // Secrets listed and ClusterProfiles not yet, a profile's remote may only not have joined
+        let r = Remotes::default();
+        r.unlisted("remote Secrets in ns");
+        r.unlisted("remote ClusterProfiles in fleet");
+        r.set_named("remote Secrets in ns", BTreeSet::from(["east".to_string()]));
+        r.listed("remote Secrets in ns");
+        assert!(!r.complete());
+        assert_eq!(r.named(), None, "not before the profiles are listed");
+        r.set_named(
+            "remote ClusterProfiles in fleet",
+            BTreeSet::from(["north".to_string()]),
+        );
+        r.listed("remote ClusterProfiles in fleet");
+        assert_eq!(
+            r.named(),
+            Some(BTreeSet::from(["east".to_string(), "north".to_string()])),
+            "each source's names, none replacing the other's"
+        );
+    }
+
+    #[test]
+    fn what_the_inventory_says_is_kept_per_remote_and_wakes_the_health_leases_on_a_change() {
+        let r = Remotes::default();
+        r.set_reported("east", Some("ControlPlaneHealthy False (X): y".into()));
+        assert_eq!(
+            r.reported("east").as_deref(),
+            Some("ControlPlaneHealthy False (X): y")
+        );
+        r.set_reported("east", None);
+        assert_eq!(r.reported("east"), None);
+    }
+
     #[tokio::test]
     async fn problems_are_kept_per_source_until_cleared() {
         let r = Remotes::default();
