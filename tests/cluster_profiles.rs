@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::daemon::Daemon;
 use support::fault::{Report, conclude_since, snapshot};
 use support::fleet::{Fleet, HUB, SECRETREADER};
 use support::remotes::{export, secrets_only_args};
-use support::{LOCAL, REMOTE, absent, bed, client, eventually, namespace_in, present};
+use support::{LOCAL, REMOTE, absent, client, eventually, namespace_in, present};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// The condition the daemon writes back on each profile (`--cluster-profiles-report-as west`).
@@ -28,41 +28,6 @@ async fn daemon(fleet: &Fleet, providers: &std::path::Path) -> Daemon {
     let d = Daemon::start_secrets_only(&args).await;
     d.wait_leading().await;
     d
-}
-
-/// `status -o json` against west, scoped to `ns`: (exit code, the report).
-async fn status(ns: &str) -> (i32, Value) {
-    let kc = bed().await.kubeconfig.clone();
-    let ns = ns.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(support::daemon::BIN)
-            .args(["status", "--kubeconfig"])
-            .arg(&kc)
-            .args([
-                "--context",
-                LOCAL,
-                "--namespace",
-                &ns,
-                "--watch-namespace",
-                &ns,
-            ])
-            .args(["-o", "json"])
-            .output()
-            .expect("run status")
-    })
-    .await
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(&text).unwrap_or_else(|e| panic!("status: {e}: {text}"));
-    (out.status.code().unwrap_or(-1), report)
-}
-
-/// The remote `name` in a `status` report.
-fn remote_in<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
-    report["remotes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)
 }
 
 /// The expiry the daemon holds for `remote`'s credential (seconds since the epoch).
@@ -137,6 +102,15 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     })
     .await;
     present(&west, "web").await.expect("the follower kept");
+    // a rotation restarts east's watches: connected again once they have listed
+    eventually("east connected after its rotation", WAIT, || async {
+        let (_, report) = support::status_json(&ns.name).await;
+        match support::status_remote(&report, "east") {
+            Some(r) if r["connected"] == true => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 
     // 3. the hub says east's control plane is unhealthy: shown, never proof of anything
     let mut unhealthy = json!({"accessProviders": [access.clone()],
@@ -144,8 +118,8 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
                         "message": "no heartbeat for 5m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
     fleet.set_status("east", unhealthy.take()).await;
     let said = eventually("status shows what the hub says", WAIT, || async {
-        let (_, report) = status(&ns.name).await;
-        let r = remote_in(&report, "east").ok_or("no east in status")?;
+        let (_, report) = support::status_json(&ns.name).await;
+        let r = support::status_remote(&report, "east").ok_or("no east in status")?;
         match r["hub_says"].as_str() {
             Some(s) if s.contains("AgentLost") => Ok(s.to_string()),
             _ => Err(format!("{r}")),
@@ -156,11 +130,11 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
         said,
         "ControlPlaneHealthy False (AgentLost): no heartbeat for 5m"
     );
-    let (_, report) = status(&ns.name).await;
+    let (_, report) = support::status_json(&ns.name).await;
+    let east = support::status_remote(&report, "east").unwrap();
     assert_eq!(
-        remote_in(&report, "east").unwrap()["connected"],
-        true,
-        "the daemon judges by what it sees itself"
+        east["connected"], true,
+        "the daemon judges by what it sees itself: {east}"
     );
     // the manager's condition and west's own stand side by side (the merge patch above replaced
     // the list: west writes its own back, and leaves the manager's alone)

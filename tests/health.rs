@@ -13,13 +13,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use support::daemon::{BIN, Daemon};
+use support::daemon::Daemon;
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::metrics::WRITE_KINDS;
 use support::remotes::{apply_secret, export, kubeconfig_of, remote_secret, secrets_only_args};
-use support::{
-    LOCAL, REMOTE, bed, bed_cmd, client, eventually, exported, namespace_in, obj, present,
-};
+use support::{LOCAL, REMOTE, bed_cmd, client, eventually, exported, namespace_in, obj, present};
 
 /// A cluster of the bed whose API server this test kills (other test binaries run before or
 /// after this one, never beside it).
@@ -27,50 +25,10 @@ const LAPSE: &str = "lapse";
 const WAIT: Duration = Duration::from_secs(60);
 const HEALTH: &str = "fair.com/cross-cluster-remote-health=cross-cluster-controller";
 
-/// `status -o json` against west, scoped to the test's namespace: (exit code, the report).
-async fn status(ns: &str) -> (i32, Value) {
-    let kc = bed().await.kubeconfig.clone();
-    let ns = ns.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(BIN)
-            .args(["status", "--kubeconfig"])
-            .arg(&kc)
-            .args([
-                "--context",
-                LOCAL,
-                "--namespace",
-                &ns,
-                "--watch-namespace",
-                &ns,
-            ])
-            .args(["-o", "json"])
-            .output()
-            .expect("run status")
-    })
-    .await
-    .unwrap();
-    let code = out.status.code().unwrap_or(-1);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!(
-            "status output is not JSON ({e}): {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, report)
-}
-
-fn remote<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
-    report["remotes"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)
-}
-
 /// Waits until `status` exits with `code` and `check` holds on its report.
 async fn status_until(ns: &str, what: &str, code: i32, check: impl Fn(&Value) -> bool) -> Value {
     eventually(what, WAIT, || async {
-        let (c, r) = status(ns).await;
+        let (c, r) = support::status_json(ns).await;
         (c == code && check(&r))
             .then_some(r.clone())
             .ok_or(format!("exit {c}: {r}"))
@@ -109,7 +67,7 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
     lapse.create(&pp, &exported("api", 80)).await.unwrap();
 
     // no daemon yet: no leader, status says so
-    let (code, r) = status(&ns.name).await;
+    let (code, r) = support::status_json(&ns.name).await;
     assert_eq!(code, 1, "{r}");
     assert!(r["leader"].is_null(), "{r}");
 
@@ -145,9 +103,10 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
     })
     .await;
     let healthy = status_until(&ns.name, "status: all connected", 0, |r| {
-        ["east", "lapse"]
-            .iter()
-            .all(|n| remote(r, n).is_some_and(|s| s["connected"] == true && s["followers"] == 1))
+        ["east", "lapse"].iter().all(|n| {
+            support::status_remote(r, n)
+                .is_some_and(|s| s["connected"] == true && s["followers"] == 1)
+        })
     })
     .await;
     assert_eq!(
@@ -190,12 +149,12 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
         "a remote that is down is not renewed"
     );
     let r = status_until(&ns.name, "status: lapse down", 1, |r| {
-        remote(r, "lapse").is_some_and(|s| s["connected"] == false)
-            && remote(r, "east").is_some_and(|s| s["connected"] == true)
+        support::status_remote(r, "lapse").is_some_and(|s| s["connected"] == false)
+            && support::status_remote(r, "east").is_some_and(|s| s["connected"] == true)
     })
     .await;
     assert!(
-        remote(&r, "lapse").unwrap()["problem"]
+        support::status_remote(&r, "lapse").unwrap()["problem"]
             .as_str()
             .unwrap()
             .contains("failing"),
@@ -208,7 +167,7 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
         .unwrap();
     let back = Instant::now();
     status_until(&ns.name, "status: lapse back", 0, |r| {
-        remote(r, "lapse").is_some_and(|s| s["connected"] == true)
+        support::status_remote(r, "lapse").is_some_and(|s| s["connected"] == true)
     })
     .await;
     let seen_back = back.elapsed();
@@ -233,7 +192,7 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
     })
     .await;
     assert!(
-        remote(&r, "ghost").is_some_and(|s| s["known"] == false),
+        support::status_remote(&r, "ghost").is_some_and(|s| s["known"] == false),
         "{r}"
     );
     west.delete("orphan", &DeleteParams::default())
@@ -257,7 +216,8 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
     })
     .await;
     status_until(&ns.name, "status: east only", 0, |r| {
-        r["remotes"].as_array().is_some_and(|a| a.len() == 1) && remote(r, "east").is_some()
+        r["remotes"].as_array().is_some_and(|a| a.len() == 1)
+            && support::status_remote(r, "east").is_some()
     })
     .await;
     present(&west, "web").await.unwrap();

@@ -450,3 +450,47 @@ pub async fn event_notes(
     }
     Ok(notes)
 }
+
+/// `status -o json` against west, scoped to the test's namespace: (exit code, the report).
+pub async fn status_json(ns: &str) -> (i32, serde_json::Value) {
+    let kc = bed().await.kubeconfig.clone();
+    let ns = ns.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(daemon::BIN)
+            .args(["status", "--kubeconfig"])
+            .arg(&kc)
+            .args([
+                "--context",
+                LOCAL,
+                "--namespace",
+                &ns,
+                "--watch-namespace",
+                &ns,
+            ])
+            .args(["-o", "json"])
+            .output()
+            .expect("run status")
+    })
+    .await
+    .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "status output is not JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, report)
+}
+
+/// The remote `name` in a `status -o json` report.
+pub fn status_remote<'a>(
+    report: &'a serde_json::Value,
+    name: &str,
+) -> Option<&'a serde_json::Value> {
+    report["remotes"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)
+}
