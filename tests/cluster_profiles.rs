@@ -18,6 +18,8 @@ use support::remotes::{export, secrets_only_args};
 use support::{LOCAL, REMOTE, absent, client, eventually, namespace_in, present};
 
 const WAIT: Duration = Duration::from_secs(60);
+/// A cluster read through a remote Secret beside the profiles.
+const SOUTH: &str = "south";
 /// The condition the daemon writes back on each profile (`--cluster-profiles-report-as west`).
 const OURS: &str = "cross-cluster-controller.fair.com/ConnectedFrom.west";
 
@@ -28,6 +30,27 @@ async fn daemon(fleet: &Fleet, providers: &std::path::Path) -> Daemon {
     let d = Daemon::start_secrets_only(&args).await;
     d.wait_leading().await;
     d
+}
+
+/// Whether the follower `svc`'s slices in west hold exactly `want`.
+async fn addresses_are(ns: &str, svc: &str, want: &[&str]) -> Result<(), String> {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client(LOCAL).await, ns);
+    let lp = kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={svc}"));
+    let got: BTreeSet<String> = slices
+        .list(&lp)
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+        .collect();
+    let want: BTreeSet<String> = want.iter().map(ToString::to_string).collect();
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{got:?}"))
+    }
 }
 
 /// The expiry the daemon holds for `remote`'s credential (seconds since the epoch).
@@ -45,14 +68,26 @@ fn expiry(d: &Daemon, remote: &str) -> Option<f64> {
 #[tokio::test]
 async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     support::fleet::hub_up().await;
-    let ns = namespace_in("profiles-join", &[REMOTE, LOCAL, HUB]).await;
+    support::extra_cluster(SOUTH, "").await;
+    let ns = namespace_in("profiles-join", &[REMOTE, LOCAL, HUB, SOUTH]).await;
     let fleet = Fleet::new(&ns.name).await;
+    // web only east exports; shared both east (a profile) and south (a Secret) export
     export(REMOTE, &ns.name, "web", "web-1", "10.30.0.1").await;
+    export(REMOTE, &ns.name, "shared", "shared-e", "10.30.0.2").await;
+    export(SOUTH, &ns.name, "shared", "shared-s", "10.31.0.2").await;
     let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
     let providers = fleet.provider_file(&[]);
     let first = fleet.token_for(REMOTE, "1h").await;
     fleet.put_token("east-spoke", &first).await;
     let d = daemon(&fleet, &providers).await;
+    let secrets = Api::namespaced(client(LOCAL).await, &ns.name);
+    let south_kc = support::remotes::kubeconfig_of(SOUTH, |_| {}).await;
+    let south = support::remotes::remote_secret("south", None, Some(&south_kc));
+    support::remotes::apply_secret(&secrets, &south).await;
+    eventually("shared, from south's Secret", WAIT, || {
+        addresses_are(&ns.name, "shared", &["10.31.0.2"])
+    })
+    .await;
 
     // 1. the profile appears: east joins by its name
     let access = Fleet::access(SECRETREADER, REMOTE, "east-spoke", json!([])).await;
@@ -62,7 +97,13 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
         .await;
     eventually("the follower of east's web", WAIT, || present(&west, "web")).await;
     let joined = started.elapsed();
-    d.wait_metric("xcc_remote_changes_total", &[("change", "joined")], 1.0)
+    eventually(
+        "shared merged from the profile's and the Secret's remotes",
+        WAIT,
+        || addresses_are(&ns.name, "shared", &["10.30.0.2", "10.31.0.2"]),
+    )
+    .await;
+    d.wait_metric("xcc_remote_changes_total", &[("change", "joined")], 2.0)
         .await;
     // what west sees of east, written back on the profile (the leader's own condition)
     let ours = eventually("west's condition on the profile", WAIT, || async {
@@ -149,10 +190,10 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     })
     .await;
     present(&west, "web").await.expect("the follower kept");
-    let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
-    let alive = BTreeSet::from(["web".to_string()]);
+    let alive = BTreeSet::from(["shared".to_string()]);
 
-    // 4. the profile deleted: east retires after the grace (2 s) and its follower goes
+    // 4. the profile deleted: east retires after the grace (2 s): what only it exported goes,
+    // the merged follower loses its slice and keeps south's
     let deleted_at = Instant::now();
     fleet.delete_profile("east").await;
     eventually("east's follower deleted once it retired", WAIT, || {
@@ -160,6 +201,11 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     })
     .await;
     let retired = deleted_at.elapsed();
+    eventually("shared left with south's endpoint", WAIT, || {
+        addresses_are(&ns.name, "shared", &["10.31.0.2"])
+    })
+    .await;
+    let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
     assert!(
         retired >= Duration::from_secs(2),
         "not before the grace: {retired:?}"
@@ -170,10 +216,10 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
         Report {
             id: "92-profile-lifecycle",
             scenario: "A ClusterProfile remote: created, its token rotated in the hub, its control plane said unhealthy, deleted",
-            done: "the reference secretreader plugin reads east's remote-access token from the hub; the token replaced by a 2 h one; ControlPlaneHealthy False set by the hub; the profile deleted (grace 2 s)",
+            done: "the reference secretreader plugin reads east's remote-access token from the hub, beside south from a Secret (shared exported by both); the token replaced by a 2 h one; ControlPlaneHealthy False set by the hub; the profile deleted (grace 2 s)",
             converge: Some(joined),
             note: format!(
-                "joined (follower present) {:.1} s after the profile; rotated {:.1} s after the new token (refresh 5 s), expiry moved by {:.0} s; status showed the hub's word, connected stayed true; follower deleted {:.1} s after the profile",
+                "joined (follower present) {:.1} s after the profile; rotated {:.1} s after the new token (refresh 5 s), expiry moved by {:.0} s; status showed the hub's word, connected stayed true; web (east's only) deleted {:.1} s after the profile, shared kept with south's slice",
                 joined.as_secs_f64(),
                 rotation.as_secs_f64(),
                 two_hours - one_hour,
