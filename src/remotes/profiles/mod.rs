@@ -470,6 +470,34 @@ mod tests {
     }
 
     #[test]
+    fn the_plugins_expiration_timestamp_is_the_credentials_expiry() {
+        let providers = access::parse_provider_file(
+            r#"{"providers": [{"name": "p", "execConfig": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/p"}}]}"#,
+        )
+        .unwrap();
+        let status = json!({"accessProviders": [{"name": "p", "cluster": {"server": "https://10.0.0.1:6443"}}]});
+        let a = access::access(&providers, Some(&status)).unwrap();
+        let at: Timestamp = "2030-01-02T03:04:05Z".parse().unwrap();
+        let opaque = exec::Issued {
+            token: Some("not-a-jwt".into()),
+            certificate: None,
+            expiry: Some(at),
+        };
+        let (kc, _) = kubeconfig("east", &a, &opaque).unwrap();
+        assert_eq!(credential_of(&kc, &opaque).expiry, Some(at));
+        let unknown = exec::Issued {
+            expiry: None,
+            ..opaque
+        };
+        let (kc, _) = kubeconfig("east", &a, &unknown).unwrap();
+        assert_eq!(
+            credential_of(&kc, &unknown).expiry,
+            None,
+            "an opaque token says nothing"
+        );
+    }
+
+    #[test]
     fn the_plugin_runs_again_before_expiry_when_that_is_sooner_than_the_refresh() {
         let soon = Credential {
             expiry: Some(Timestamp::now() + std::time::Duration::from_secs(600)),
