@@ -16,6 +16,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::daemon::{BIN, Daemon, with_args};
+use support::rbac::{RO, RW, rules, show, union, writer_needs};
 use support::tools::{CHART, helm, run, template, tool};
 use support::{
     LOCAL, REMOTE, bed, client, eventually, exported, namespace, namespace_in, obj, ports_are,
@@ -597,67 +598,10 @@ async fn with_mcs_the_charts_identities_import_both_ways() {
     }
 }
 
-/// What `kubectl auth can-i --list` grants `who` in `ns` of the local cluster: resource ->
-/// verbs, without the non-resource URLs and the self-subject reviews every identity has. A rule
-/// limited to named objects is keyed `resource[name ...]` (can-i prints its Resource Names
-/// column as `[kube-system]`), apart from the same resource without names.
+/// What `kubectl auth can-i --list` grants `who` in `ns` of the local cluster (see
+/// [`support::rbac::granted`]).
 fn granted(kubeconfig: &Path, ns: &str, who: &str) -> BTreeMap<String, BTreeSet<String>> {
-    const EVERYONE: [&str; 3] = [
-        "selfsubjectreviews.authentication.k8s.io",
-        "selfsubjectaccessreviews.authorization.k8s.io",
-        "selfsubjectrulesreviews.authorization.k8s.io",
-    ];
-    let table = run(Command::new(tool("kubectl"))
-        .env("KUBECONFIG", kubeconfig)
-        .args([
-            "--context",
-            LOCAL,
-            "auth",
-            "can-i",
-            "--list",
-            "-n",
-            ns,
-            "--as",
-            who,
-        ]));
-    let mut lines = table.lines();
-    let header = lines.next().unwrap_or_default();
-    assert!(
-        header.starts_with("Resources") && header.trim_end().ends_with("Verbs"),
-        "{table}"
-    );
-    let mut rules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for line in lines {
-        // rows of non-resource URLs have an empty first column
-        if line.trim().is_empty() || line.starts_with(char::is_whitespace) {
-            continue;
-        }
-        let resource = line.split_whitespace().next().unwrap_or_default();
-        // [non-resource URLs] [resource names] [verbs]
-        let columns: Vec<&str> = line
-            .split('[')
-            .skip(1)
-            .map(|c| c.split(']').next().unwrap_or_default())
-            .collect();
-        assert_eq!(columns.len(), 3, "unexpected row: {line}");
-        assert!(
-            columns[0].is_empty(),
-            "non-resource URLs on a resource row: {line}"
-        );
-        if EVERYONE.contains(&resource) {
-            continue;
-        }
-        let key = if columns[1].is_empty() {
-            resource.to_string()
-        } else {
-            format!("{resource}[{}]", columns[1])
-        };
-        rules
-            .entry(key)
-            .or_default()
-            .extend(columns[2].split_whitespace().map(str::to_string));
-    }
-    rules
+    support::rbac::granted(kubeconfig, LOCAL, ns, who)
 }
 
 fn can_i(kubeconfig: &Path, ns: &str, who: &str, verb: &str, resource: &str) -> bool {
@@ -674,51 +618,6 @@ fn can_i_with(kubeconfig: &Path, ns: &str, who: &str, what: &[&str]) -> bool {
         .output()
         .expect("run kubectl");
     String::from_utf8_lossy(&out.stdout).trim() == "yes"
-}
-
-fn rules(v: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
-    v.iter()
-        .map(|(r, verbs)| (r.to_string(), verbs.iter().map(|v| v.to_string()).collect()))
-        .collect()
-}
-
-fn show(r: &BTreeMap<String, BTreeSet<String>>) -> String {
-    r.iter()
-        .map(|(res, verbs)| {
-            format!(
-                "{res} {}",
-                verbs.iter().cloned().collect::<Vec<_>>().join("/")
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-const RW: &[&str] = &["create", "delete", "get", "list", "update", "watch"];
-const RO: &[&str] = &["get", "list", "watch"];
-
-/// What the daemon sends (src/) in its own cluster: watches and lists, get after a 409, create
-/// (POST), update (PUT with a resourceVersion), delete (uid precondition); events.k8s.io Events
-/// (create, and patch for a series); its Lease: get, create, update; remotes from Secrets: the
-/// labelled Secrets of its own namespace, listed and watched.
-fn writer_needs() -> BTreeMap<String, BTreeSet<String>> {
-    rules(&[
-        ("endpoints", RW),
-        ("endpointslices.discovery.k8s.io", RW),
-        ("events.events.k8s.io", &["create", "patch"]),
-        (
-            "leases.coordination.k8s.io",
-            &["create", "delete", "get", "list", "update"],
-        ),
-        ("namespaces", RO),
-        // the local networks no remote address may be in: nodes' addresses and pod CIDRs, the
-        // ServiceCIDRs (the API server's endpoints are endpointslices of default/kubernetes)
-        ("nodes", &["list", "watch"]),
-        ("servicecidrs.networking.k8s.io", &["list", "watch"]),
-        // update: a renewed remote token is written back into its Secret (tokenRenewal)
-        ("secrets", &["get", "list", "update", "watch"]),
-        ("services", RW),
-    ])
 }
 
 /// What the other cluster's daemon reads with the remote reader's token: Services and their
@@ -758,20 +657,6 @@ fn mcs_reader_needs() -> BTreeMap<String, BTreeSet<String>> {
         ("clusterproperties.about.k8s.io", &["list", "watch"]),
         ("serviceexports.multicluster.x-k8s.io", &["list", "watch"]),
     ])
-}
-
-/// `a` and `b` in one map (a resource in both gets the union of the verbs).
-fn union(
-    a: &BTreeMap<String, BTreeSet<String>>,
-    b: &BTreeMap<String, BTreeSet<String>>,
-) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out = a.clone();
-    for (resource, verbs) in b {
-        out.entry(resource.clone())
-            .or_default()
-            .extend(verbs.iter().cloned());
-    }
-    out
 }
 
 /// The rules of the ClusterRole `name` of a render, as `granted` keys them (`resource.group`,
@@ -1514,5 +1399,478 @@ async fn the_network_policy_admits_only_the_given_peers_on_the_admin_port() {
                 "-f",
             ])
             .arg(&file));
+    }
+}
+
+/// `clusterProfiles` with one provider, the reference `secretreader` plugin at
+/// /plugins/secretreader-plugin, as `--set`s.
+const PROFILES: &[&str] = &[
+    "clusterProfiles.enabled=true",
+    "clusterProfiles.providers[0].name=secretreader",
+    "clusterProfiles.providers[0].execConfig.apiVersion=client.authentication.k8s.io/v1",
+    "clusterProfiles.providers[0].execConfig.command=/plugins/secretreader-plugin",
+    "clusterProfiles.providers[0].execConfig.provideClusterInfo=true",
+];
+
+/// [`PROFILES`] and `more`.
+fn profiles_with<'a>(more: &[&'a str]) -> Vec<&'a str> {
+    PROFILES
+        .iter()
+        .copied()
+        .chain(more.iter().copied())
+        .collect()
+}
+
+/// The pod template of a render's Deployment.
+fn pod_template(docs: &[serde_yaml::Value]) -> &serde_yaml::Value {
+    &docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment")["spec"]["template"]
+}
+
+/// The daemon's arguments in a render that concern ClusterProfiles.
+fn profile_args(docs: &[serde_yaml::Value]) -> Vec<String> {
+    pod_template(docs)["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("a string argument").to_string())
+        .filter(|a| a.starts_with("--cluster-profiles") || a.starts_with("--clusterprofile"))
+        .collect()
+}
+
+/// The document of `kind` named `name` in a render, if any.
+fn doc<'a>(docs: &'a [serde_yaml::Value], kind: &str, name: &str) -> Option<&'a serde_yaml::Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+/// The rules of Role `name` of a render, as `granted` keys them, with the Role's namespace; and
+/// its RoleBinding's subjects, which must bind it to the controller's ServiceAccount.
+fn role_rules(
+    docs: &[serde_yaml::Value],
+    name: &str,
+) -> Option<(String, BTreeMap<String, BTreeSet<String>>)> {
+    let role = doc(docs, "Role", name)?;
+    let binding = doc(docs, "RoleBinding", name).expect("its RoleBinding");
+    assert_eq!(
+        binding["metadata"]["namespace"],
+        role["metadata"]["namespace"]
+    );
+    assert_eq!(binding["roleRef"]["name"], name);
+    assert_eq!(
+        binding["subjects"],
+        serde_yaml::to_value(json!([{"kind": "ServiceAccount",
+            "name": "cross-cluster-controller", "namespace": "fair-system"}]))
+        .unwrap()
+    );
+    // rendered_rules reads a ClusterRole: the same rules under another kind
+    let mut as_cluster_role = role.clone();
+    as_cluster_role["kind"] = "ClusterRole".into();
+    let ns = role["metadata"]["namespace"].as_str().unwrap().to_string();
+    Some((ns, rendered_rules(&[as_cluster_role], name)))
+}
+
+/// A render without what `clusterProfiles` adds (its ConfigMap and Roles, flags, checksum,
+/// volume and mount), to compare with a render without it.
+fn without_profiles(docs: &[serde_yaml::Value]) -> Vec<serde_yaml::Value> {
+    let ours = [
+        "cross-cluster-controller-cluster-profiles",
+        "cross-cluster-controller-profile-secrets",
+    ];
+    let mut docs: Vec<serde_yaml::Value> = without_args(docs, "--cluster-profiles")
+        .into_iter()
+        .filter(|d| !ours.iter().any(|n| d["metadata"]["name"] == *n))
+        .collect();
+    docs = without_args(&docs, "--clusterprofile-provider-file");
+    for d in &mut docs {
+        if d["kind"] != "Deployment" {
+            continue;
+        }
+        let t = &mut d["spec"]["template"];
+        let meta = t
+            .get_mut("metadata")
+            .and_then(|m| m.as_mapping_mut())
+            .expect("the pod template's metadata");
+        if let Some(a) = meta.get_mut("annotations").and_then(|a| a.as_mapping_mut()) {
+            a.remove("checksum/cluster-profiles");
+            if a.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        let named = |v: &serde_yaml::Value| v["name"] == "cluster-profiles";
+        t["spec"]["volumes"]
+            .as_sequence_mut()
+            .unwrap()
+            .retain(|v| !named(v));
+        t["spec"]["containers"][0]["volumeMounts"]
+            .as_sequence_mut()
+            .unwrap()
+            .retain(|v| !named(v));
+    }
+    docs
+}
+
+/// `clusterProfiles.*` values change exactly what they say, in a render: off (the default),
+/// nothing of it at all; `enabled` with a provider: the flags, the provider file in a ConfigMap
+/// mounted where the flag points (the daemon's own parser reads it), its checksum on the pod
+/// template, and a Role of list/watch on ClusterProfiles in the profiles' namespace, nothing
+/// else; `secretReader`: get on the release namespace's Secrets; a hub by Secret: its flag, get
+/// on that one Secret, and no ClusterProfile Role. The extra volumes, mounts and init
+/// containers come as given.
+#[tokio::test]
+async fn the_cluster_profile_values_add_exactly_the_flags_the_file_and_the_roles_asked_for() {
+    use cross_cluster_controller::remotes::profiles::access::parse_provider_file;
+    let kc = bed().await.kubeconfig.clone();
+    let off = template(&kc, &[]).unwrap();
+    let on = template(&kc, PROFILES).unwrap();
+
+    // off: not a word of it
+    let text: String = off
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect();
+    for word in ["clusterprofile", "cluster-profiles", "profile-secrets"] {
+        assert!(
+            !text.to_lowercase().contains(word),
+            "{word} without clusterProfiles.enabled"
+        );
+    }
+
+    // on: the flags, and nothing else changes but what comes with them
+    assert_eq!(
+        profile_args(&on),
+        [
+            "--cluster-profiles=fair-system",
+            "--clusterprofile-provider-file=/etc/cross-cluster-profiles/providers.json",
+            "--cluster-profiles-refresh-seconds=300",
+            "--cluster-profiles-exec-timeout-seconds=10",
+        ]
+    );
+    assert_eq!(without_profiles(&on), off);
+    // the provider file: in the ConfigMap, mounted read-only where the flag points, and what the
+    // daemon reads
+    let cm = doc(
+        &on,
+        "ConfigMap",
+        "cross-cluster-controller-cluster-profiles",
+    )
+    .expect("ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"], "fair-system");
+    let file = cm["data"]["providers.json"]
+        .as_str()
+        .expect("providers.json");
+    let providers = parse_provider_file(file).unwrap_or_else(|e| panic!("{e}: {file}"));
+    assert_eq!(providers.names(), ["secretreader"]);
+    assert_eq!(providers.commands(), ["/plugins/secretreader-plugin"]);
+    let parsed: serde_json::Value = serde_json::from_str(file).unwrap();
+    assert_eq!(
+        parsed,
+        json!({"providers": [{"name": "secretreader", "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "/plugins/secretreader-plugin", "provideClusterInfo": true}}]})
+    );
+    let pod = pod_template(&on);
+    let volume = pod["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "cluster-profiles")
+        .expect("the provider file's volume");
+    assert_eq!(volume["configMap"]["name"], cm["metadata"]["name"]);
+    let mount = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "cluster-profiles")
+        .expect("its mount");
+    assert_eq!(mount["mountPath"], "/etc/cross-cluster-profiles");
+    assert_eq!(mount["readOnly"], true);
+    // the checksum follows the file, and only the file
+    let checksum = |docs: &[serde_yaml::Value]| {
+        pod_template(docs)["metadata"]["annotations"]["checksum/cluster-profiles"]
+            .as_str()
+            .expect("checksum/cluster-profiles")
+            .to_string()
+    };
+    let other_plugin = template(
+        &kc,
+        &profiles_with(&["clusterProfiles.providers[0].execConfig.command=/plugins/other"]),
+    )
+    .unwrap();
+    let refresh = template(&kc, &profiles_with(&["clusterProfiles.refreshSeconds=60"])).unwrap();
+    assert_ne!(checksum(&other_plugin), checksum(&on));
+    assert_eq!(checksum(&refresh), checksum(&on));
+    // the hub is this cluster: list and watch ClusterProfiles in the profiles' namespace
+    let (ns, rules) = role_rules(&on, "cross-cluster-controller-cluster-profiles").expect("Role");
+    assert_eq!(ns, "fair-system");
+    assert_eq!(rules, support::rbac::profiles_hub_needs());
+    assert!(doc(&on, "Role", "cross-cluster-controller-profile-secrets").is_none());
+
+    // the other flags
+    let all = template(
+        &kc,
+        &profiles_with(&[
+            "clusterProfiles.namespace=fleet",
+            "clusterProfiles.selector=env in (prod)",
+            "clusterProfiles.refreshSeconds=60",
+            "clusterProfiles.execTimeoutSeconds=3",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        profile_args(&all),
+        [
+            "--cluster-profiles=fleet",
+            "--cluster-profiles-selector=env in (prod)",
+            "--clusterprofile-provider-file=/etc/cross-cluster-profiles/providers.json",
+            "--cluster-profiles-refresh-seconds=60",
+            "--cluster-profiles-exec-timeout-seconds=3",
+        ]
+    );
+    let (ns, rules) = role_rules(&all, "cross-cluster-controller-cluster-profiles").expect("Role");
+    assert_eq!(ns, "fleet", "the Role is where the profiles are");
+    assert_eq!(rules, support::rbac::profiles_hub_needs());
+
+    // secretReader: get on the Secrets of the release namespace, beside what the remote Secrets
+    // need (remoteSecretSelector on by default)
+    let reader = template(&kc, &profiles_with(&["clusterProfiles.secretReader=true"])).unwrap();
+    let (ns, rules) =
+        role_rules(&reader, "cross-cluster-controller-profile-secrets").expect("Role");
+    assert_eq!(ns, "fair-system");
+    assert_eq!(rules, support::rbac::secretreader_needs());
+    assert!(doc(&reader, "Role", "cross-cluster-controller-cluster-profiles").is_some());
+
+    // a hub by Secret: its flag, get on that Secret only, no Role on ClusterProfiles here
+    let hub = template(
+        &kc,
+        &profiles_with(&["clusterProfiles.hub.existingSecret=hub"]),
+    )
+    .unwrap();
+    assert!(
+        profile_args(&hub).contains(&"--cluster-profiles-hub=secret:hub".to_string()),
+        "{:?}",
+        profile_args(&hub)
+    );
+    assert!(doc(&hub, "Role", "cross-cluster-controller-cluster-profiles").is_none());
+    let (ns, rules) = role_rules(&hub, "cross-cluster-controller-profile-secrets").expect("Role");
+    assert_eq!(ns, "fair-system");
+    assert_eq!(rules, support::rbac::rules(&[("secrets[hub]", &["get"])]));
+    let text: String = hub
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect();
+    assert!(
+        !text.contains("clusterprofiles"),
+        "no right on ClusterProfiles here"
+    );
+
+    // profiles alone are a remote source: no Secret right at all but the plugin's, and the
+    // renewal window still reaches the daemon (it runs a profile's plugin again before expiry)
+    let alone = template(
+        &kc,
+        &profiles_with(&["remoteSecretSelector=", "clusterProfiles.secretReader=true"]),
+    )
+    .unwrap();
+    let r = remotes(&alone);
+    assert_eq!(r.secret_verbs, ["get"]);
+    assert_eq!(r.env["REMOTE_SECRET_SELECTOR"], "");
+    assert_eq!(r.env["REMOTE_TOKEN_RENEW_BEFORE"], "20%");
+    let no_renewal = template(
+        &kc,
+        &profiles_with(&["remoteSecretSelector=", "tokenRenewal.enabled=false"]),
+    )
+    .unwrap();
+    assert_eq!(remotes(&no_renewal).env["REMOTE_TOKEN_RENEW_BEFORE"], "off");
+    assert_eq!(remotes(&no_renewal).secret_verbs, Vec::<String>::new());
+
+    // the plugins' volume, its mount and an init container, as given, after the chart's own
+    let extra = template(
+        &kc,
+        &profiles_with(&[
+            "extraVolumes[0].name=plugins",
+            "extraVolumes[0].emptyDir.sizeLimit=64Mi",
+            "extraVolumeMounts[0].name=plugins",
+            "extraVolumeMounts[0].mountPath=/plugins",
+            "extraVolumeMounts[0].readOnly=true",
+            "initContainers[0].name=plugins",
+            "initContainers[0].image=registry.example/plugins:1",
+        ]),
+    )
+    .unwrap();
+    let pod = pod_template(&extra);
+    let names = |v: &serde_yaml::Value| -> Vec<String> {
+        v.as_sequence()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&pod["spec"]["volumes"]),
+        ["cluster-profiles", "tmp", "plugins"]
+    );
+    assert_eq!(
+        names(&pod["spec"]["containers"][0]["volumeMounts"]),
+        ["cluster-profiles", "tmp", "plugins"]
+    );
+    assert_eq!(
+        pod["spec"]["initContainers"],
+        serde_yaml::to_value(json!([{"name": "plugins", "image": "registry.example/plugins:1"}]))
+            .unwrap()
+    );
+    assert_eq!(
+        pod["spec"]["volumes"][2],
+        serde_yaml::to_value(json!({"name": "plugins", "emptyDir": {"sizeLimit": "64Mi"}}))
+            .unwrap()
+    );
+
+    // refused: no provider, a command that is not an absolute path, a refresh under 5 s
+    let err = template(&kc, &["clusterProfiles.enabled=true"]).unwrap_err();
+    assert!(err.contains("clusterProfiles.providers"), "{err}");
+    let err = template(
+        &kc,
+        &profiles_with(&["clusterProfiles.providers[0].execConfig.command=secretreader-plugin"]),
+    )
+    .unwrap_err();
+    assert!(err.contains("command"), "{err}");
+    let err = template(&kc, &profiles_with(&["clusterProfiles.refreshSeconds=2"])).unwrap_err();
+    assert!(err.contains("refreshSeconds"), "{err}");
+    // the server accepts what it renders
+    let ns = namespace_in("chart-profiles-dry-run", &[LOCAL]).await;
+    let text = support::tools::template_text(
+        &kc,
+        &ns.name,
+        &profiles_with(&["clusterProfiles.secretReader=true"]),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rendered.yaml");
+    std::fs::write(&file, text).unwrap();
+    run(Command::new(tool("kubectl"))
+        .env("KUBECONFIG", &kc)
+        .args([
+            "--context",
+            LOCAL,
+            "apply",
+            "--dry-run=server",
+            "-n",
+            &ns.name,
+            "-f",
+        ])
+        .arg(&file));
+}
+
+/// Installed with `clusterProfiles` (no remote Secrets), the writer is granted, as the API server
+/// says, exactly what the daemon and the `secretreader` plugin it runs send on top of its own:
+/// list/watch ClusterProfiles in the profiles' namespace (another one here) and get on the
+/// release namespace's Secrets; with a hub by Secret, get on that one Secret and no right on
+/// ClusterProfiles.
+#[tokio::test]
+async fn with_cluster_profiles_the_writer_is_granted_exactly_what_the_daemon_sends() {
+    use support::rbac::{profiles_hub_needs, secretreader_needs, writer_needs_without_secrets};
+    let kc = bed().await.kubeconfig.clone();
+    let ns = namespace_in("chart-profiles-rbac", &[LOCAL]).await;
+    let fleet = namespace_in("chart-profiles-fleet", &[LOCAL]).await;
+    let hub_ns = namespace_in("chart-profiles-hub", &[LOCAL]).await;
+    let release_of = |ns: &str| format!("cross-cluster-controller-{}", &ns[ns.len() - 8..]);
+    let install = |ns: &str, sets: &[String]| -> String {
+        let release = release_of(ns);
+        let mut cmd = helm(&kc);
+        cmd.args([
+            "install",
+            &release,
+            CHART,
+            "--kube-context",
+            LOCAL,
+            "--namespace",
+            ns,
+        ]);
+        for s in PROFILES
+            .iter()
+            .map(|s| s.to_string())
+            .chain(sets.iter().cloned())
+        {
+            cmd.args(["--set", &s]);
+        }
+        cmd.args([
+            "--set",
+            "remoteSecretSelector=",
+            "--set",
+            "remoteReader.enabled=false",
+        ]);
+        run(&mut cmd);
+        format!("system:serviceaccount:{ns}:{release}")
+    };
+    let writer = install(
+        &ns.name,
+        &[
+            format!("clusterProfiles.namespace={}", fleet.name),
+            "clusterProfiles.secretReader=true".into(),
+        ],
+    );
+    // the ClusterRole's (the Lease and Events are the release namespace's)
+    let mut everywhere = writer_needs_without_secrets();
+    everywhere.remove("leases.coordination.k8s.io");
+    let in_release = granted(&kc, &ns.name, &writer);
+    let in_fleet = granted(&kc, &fleet.name, &writer);
+    let in_default = granted(&kc, "default", &writer);
+    assert_eq!(
+        in_release,
+        union(&writer_needs_without_secrets(), &secretreader_needs()),
+        "the release namespace: {}",
+        show(&in_release)
+    );
+    assert_eq!(
+        in_fleet,
+        union(&everywhere, &profiles_hub_needs()),
+        "the profiles' namespace: {}",
+        show(&in_fleet)
+    );
+    assert_eq!(in_default, everywhere, "elsewhere: {}", show(&in_default));
+
+    let hub_writer = install(
+        &hub_ns.name,
+        &["clusterProfiles.hub.existingSecret=hub".into()],
+    );
+    let in_hub_ns = granted(&kc, &hub_ns.name, &hub_writer);
+    assert_eq!(
+        in_hub_ns,
+        union(
+            &writer_needs_without_secrets(),
+            &rules(&[("secrets[hub]", &["get"])])
+        ),
+        "a hub by Secret: {}",
+        show(&in_hub_ns)
+    );
+    for other in [fleet.name.as_str(), "default"] {
+        assert_eq!(granted(&kc, other, &hub_writer), everywhere, "{other}");
+    }
+    support::fault::conclude(
+        support::fault::Report {
+            id: "76-security-rbac-profiles",
+            scenario: "The chart with clusterProfiles: what its writer may do beyond its own (kubectl auth can-i --list)",
+            done: "helm install with clusterProfiles (hub this cluster, profiles in another namespace, secretReader) and with a hub by Secret, remoteSecretSelector empty; can-i --list in the release namespace, the profiles' namespace and default",
+            converge: None,
+            note: format!(
+                "release namespace: {}; profiles' namespace: {}; hub by Secret, release namespace: {}",
+                show(&in_release),
+                show(&in_fleet),
+                show(&in_hub_ns)
+            ),
+        },
+        &support::fault::Lost::nothing_to_lose(),
+        &[],
+    );
+    for ns in [&ns.name, &hub_ns.name] {
+        run(helm(&kc).args([
+            "uninstall",
+            &release_of(ns),
+            "--kube-context",
+            LOCAL,
+            "--namespace",
+            ns,
+        ]));
     }
 }

@@ -17,12 +17,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ListParams, LogParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use serde_json::json;
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::metrics::series_value;
 use support::node::{
-    chart_image, node_cluster, node_cluster_with, pod_ready, wait_dns, workload_images,
+    chart_image, node_cluster, node_cluster_with, pod_admin_get, pod_network_server, pod_ready,
+    release_pod, wait_dns, workload_images,
 };
 use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
 use support::tools::{CHART, helm};
@@ -47,27 +48,11 @@ const WAIT: Duration = Duration::from_secs(120);
 /// `cluster`'s kubeconfig as a pod reaches it: the address its `kubernetes` Service sends to
 /// (its API server on the bed's network), not the bed's loopback, which a pod cannot reach.
 async fn pod_network_kubeconfig(cluster: &str) -> String {
-    let slices: Api<EndpointSlice> = Api::namespaced(client(cluster).await, "default");
-    let s = slices
-        .get("kubernetes")
-        .await
-        .unwrap_or_else(|e| panic!("{cluster}'s kubernetes EndpointSlice: {e}"));
-    let ip = s
-        .endpoints
-        .first()
-        .and_then(|e| e.addresses.first())
-        .cloned()
-        .expect("an API server address");
-    let port = s
-        .ports
-        .as_ref()
-        .and_then(|p| p.first())
-        .and_then(|p| p.port)
-        .expect("the API server's port");
+    let server = pod_network_server(cluster).await;
     kubeconfig_of(cluster, |kc| {
         for c in kc.clusters.iter_mut().filter(|c| c.name == cluster) {
             if let Some(c) = c.cluster.as_mut() {
-                c.server = Some(format!("https://{ip}:{port}"));
+                c.server = Some(server.clone());
             }
         }
     })
@@ -156,35 +141,9 @@ async fn status(ns: &str) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-/// The daemon's pod, Ready: its name and address.
-async fn daemon_pod(pods: &Api<Pod>) -> (String, String) {
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
-    eventually("the daemon's pod Ready", WAIT, || async {
-        let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|p| pod_ready(p))
-            .and_then(|p| {
-                let ip = p.status.as_ref()?.pod_ip.clone()?;
-                Some((p.name_any(), ip))
-            })
-            .ok_or_else(|| format!("{} pods, none Ready", list.items.len()))
-    })
-    .await
-}
-
 /// The daemon's metrics, read from its pod's address as Prometheus would.
 async fn metrics(ip: &str) -> Result<String, String> {
-    let ip = ip.to_string();
-    tokio::task::spawn_blocking(move || {
-        support::daemon::http_get_at(&ip, ADMIN_PORT, "/metrics", Duration::from_secs(5))
-    })
-    .await
-    .expect("metrics task")
-    .and_then(|(code, body)| match code {
-        200 => Ok(body),
-        _ => Err(format!("/metrics: {code}")),
-    })
+    pod_admin_get(ip, ADMIN_PORT, "/metrics").await
 }
 
 /// Waits until the series reads `want` (`at_least`: or more): when it first did.
@@ -267,7 +226,7 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     remote_secrets(&west, &ns.name).await;
     install_chart(&ns.name).await;
     let pods: Api<Pod> = Api::namespaced(west.clone(), &ns.name);
-    let (pod, ip) = daemon_pod(&pods).await;
+    let (pod, ip) = release_pod(&pods, RELEASE, WAIT).await;
     let logs = || async {
         pods.logs(&pod, &LogParams::default())
             .await

@@ -36,9 +36,83 @@ pub async fn hub_up() {
     super::inventory::install_crd(HUB).await;
 }
 
-fn profiles(c: &Client, ns: &str) -> Api<DynamicObject> {
+/// The ClusterProfiles of `ns` in the cluster of `c`.
+pub fn profiles(c: &Client, ns: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ClusterProfile");
     Api::namespaced_with(c.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// A token for the cluster of `context`, minted by `remote-access` (its read-only identity in
+/// `ns` there), valid for `duration` (`1h`).
+pub async fn remote_access_token(context: &str, ns: &str, duration: &str) -> String {
+    let kc = bed().await.kubeconfig.clone();
+    let (ns, context, duration) = (ns.to_string(), context.to_string(), duration.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(super::daemon::BIN)
+            .args(["remote-access", "--kubeconfig"])
+            .arg(&kc)
+            .args([
+                "--context",
+                &context,
+                "--namespace",
+                &ns,
+                "--duration",
+                &duration,
+            ])
+            .args(["--output", "kubeconfig"])
+            .output()
+            .expect("run remote-access")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "remote-access: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kc: Value = serde_yaml::from_slice(&out.stdout).expect("a kubeconfig");
+    kc["users"][0]["user"]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string()
+}
+
+/// An access provider entry: `provider` for `cluster` (a kubeconfig cluster: server and CA), its
+/// `secretreader` exec extension naming the Secret `secret`, and `extensions` after it.
+pub fn access_entry(provider: &str, mut cluster: Value, secret: &str, extensions: Value) -> Value {
+    let mut ext = vec![json!({"name": "client.authentication.k8s.io/exec",
+                              "extension": {"clusterName": secret}})];
+    ext.extend(extensions.as_array().cloned().unwrap_or_default());
+    cluster["extensions"] = json!(ext);
+    json!({"name": provider, "cluster": cluster})
+}
+
+/// Creates profile `name` in `ns` of the cluster of `c` (as a cluster manager would) and sets
+/// its status.
+pub async fn create_profile_in(c: &Client, ns: &str, name: &str, status: Value) {
+    let api = profiles(c, ns);
+    let p: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
+        "metadata": {"name": name, "labels": {"x-k8s.io/cluster-manager": "test"}},
+        "spec": {"displayName": name, "clusterManager": {"name": "test"}}}))
+    .unwrap();
+    api.create(&PostParams::default(), &p)
+        .await
+        .unwrap_or_else(|e| panic!("create ClusterProfile {name}: {e}"));
+    set_status_in(c, ns, name, status).await;
+}
+
+/// Replaces profile `name`'s status in `ns` of the cluster of `c` (merge patch of the status
+/// subresource).
+pub async fn set_status_in(c: &Client, ns: &str, name: &str, status: Value) {
+    profiles(c, ns)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("status of ClusterProfile {name}: {e}"));
 }
 
 impl Fleet {
@@ -104,36 +178,7 @@ impl Fleet {
     /// A token for the cluster of `context`, minted by `remote-access` (its read-only identity
     /// in the fleet's namespace there), valid for `duration` (`1h`).
     pub async fn token_for(&self, context: &str, duration: &str) -> String {
-        let kc = bed().await.kubeconfig.clone();
-        let (ns, context, duration) = (self.ns.clone(), context.to_string(), duration.to_string());
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new(super::daemon::BIN)
-                .args(["remote-access", "--kubeconfig"])
-                .arg(&kc)
-                .args([
-                    "--context",
-                    &context,
-                    "--namespace",
-                    &ns,
-                    "--duration",
-                    &duration,
-                ])
-                .args(["--output", "kubeconfig"])
-                .output()
-                .expect("run remote-access")
-        })
-        .await
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "remote-access: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let kc: Value = serde_yaml::from_slice(&out.stdout).expect("a kubeconfig");
-        kc["users"][0]["user"]["token"]
-            .as_str()
-            .expect("a token")
-            .to_string()
+        remote_access_token(context, &self.ns, duration).await
     }
 
     /// The hub's Secret `<ns>/<name>` with `token` (what `secretreader` reads).
@@ -173,38 +218,22 @@ impl Fleet {
     /// An access provider entry for the cluster of `context`: `provider`, its `secretreader`
     /// exec extension naming the hub Secret `secret`, and `extensions` after it.
     pub async fn access(provider: &str, context: &str, secret: &str, extensions: Value) -> Value {
-        let mut cluster = Self::cluster_of(context).await;
-        let mut ext = vec![json!({"name": "client.authentication.k8s.io/exec",
-                                  "extension": {"clusterName": secret}})];
-        ext.extend(extensions.as_array().cloned().unwrap_or_default());
-        cluster["extensions"] = json!(ext);
-        json!({"name": provider, "cluster": cluster})
+        access_entry(
+            provider,
+            Self::cluster_of(context).await,
+            secret,
+            extensions,
+        )
     }
 
     /// Creates profile `name` (as a cluster manager would) and sets its status.
     pub async fn create_profile(&self, name: &str, status: Value) {
-        let api = profiles(&self.hub, &self.ns);
-        let p: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
-            "metadata": {"name": name, "labels": {"x-k8s.io/cluster-manager": "test"}},
-            "spec": {"displayName": name, "clusterManager": {"name": "test"}}}))
-        .unwrap();
-        api.create(&PostParams::default(), &p)
-            .await
-            .unwrap_or_else(|e| panic!("create ClusterProfile {name}: {e}"));
-        self.set_status(name, status).await;
+        create_profile_in(&self.hub, &self.ns, name, status).await
     }
 
     /// Replaces profile `name`'s status (merge patch of the status subresource).
     pub async fn set_status(&self, name: &str, status: Value) {
-        profiles(&self.hub, &self.ns)
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("status of ClusterProfile {name}: {e}"));
+        set_status_in(&self.hub, &self.ns, name, status).await
     }
 
     /// The condition `kind` of profile `name`, if it carries one.

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod node;
 pub mod objects;
 pub mod proxy;
+pub mod rbac;
 pub mod remotes;
 pub mod tools;
 pub mod traffic;

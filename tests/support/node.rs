@@ -239,3 +239,64 @@ pub fn exec(cluster: &str, ns: &str, pod: &str, args: &[&str]) -> Result<String,
         Err(format!("{}{stdout}", String::from_utf8_lossy(&out.stderr)))
     }
 }
+
+/// `cluster`'s API server as a pod reaches it (`https://10.250.C.1:<port>`): the address its
+/// `kubernetes` EndpointSlice holds (the API server on the bed's network), not the bed's
+/// loopback, which a pod cannot reach.
+pub async fn pod_network_server(cluster: &str) -> String {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let slices: Api<EndpointSlice> = Api::namespaced(super::client(cluster).await, "default");
+    let s = slices
+        .get("kubernetes")
+        .await
+        .unwrap_or_else(|e| panic!("{cluster}'s kubernetes EndpointSlice: {e}"));
+    let ip = s
+        .endpoints
+        .first()
+        .and_then(|e| e.addresses.first())
+        .cloned()
+        .unwrap_or_else(|| panic!("{cluster}: an API server address"));
+    let port = s
+        .ports
+        .as_ref()
+        .and_then(|p| p.first())
+        .and_then(|p| p.port)
+        .unwrap_or_else(|| panic!("{cluster}: the API server's port"));
+    format!("https://{ip}:{port}")
+}
+
+/// The Ready pod of helm release `release` among `pods` (its label
+/// `app.kubernetes.io/instance`), once there is one, not being deleted: its name and address.
+pub async fn release_pod(pods: &Api<Pod>, release: &str, wait: Duration) -> (String, String) {
+    use kube::ResourceExt;
+    let lp =
+        kube::api::ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    super::eventually(&format!("a Ready pod of {release}"), wait, || async {
+        let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find(|p| pod_ready(p))
+            .and_then(|p| {
+                let ip = p.status.as_ref()?.pod_ip.clone()?;
+                Some((p.name_any(), ip))
+            })
+            .ok_or_else(|| format!("{} pods, none Ready", list.items.len()))
+    })
+    .await
+}
+
+/// `path` of the admin server of the pod at `ip` (port `port`), read from the pod's address as
+/// Prometheus or the kubelet would: the body of a 200, else an error.
+pub async fn pod_admin_get(ip: &str, port: u16, path: &str) -> Result<String, String> {
+    let (ip, at) = (ip.to_string(), path.to_string());
+    tokio::task::spawn_blocking(move || {
+        super::daemon::http_get_at(&ip, port, &at, Duration::from_secs(5))
+    })
+    .await
+    .expect("admin server task")
+    .and_then(|(code, body)| match code {
+        200 => Ok(body),
+        _ => Err(format!("{path}: {code}: {body}")),
+    })
+}

@@ -91,6 +91,21 @@ looks for (`<serviceAccount>-<namespace>`), so that it reuses these instead of c
 {{- end }}
 {{- end }}
 
+{{/* The hub's namespace of the ClusterProfiles: clusterProfiles.namespace, else the release's. */}}
+{{- define "ccc.profilesNamespace" -}}
+{{- default .Release.Namespace .Values.clusterProfiles.namespace }}
+{{- end }}
+
+{{/* The ConfigMap holding the access-provider file of clusterProfiles. */}}
+{{- define "ccc.clusterProfilesConfigMap" -}}
+{{- printf "%s-cluster-profiles" (include "ccc.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The access-provider file (--clusterprofile-provider-file): {"providers": [...]}. */}}
+{{- define "ccc.providerFile" -}}
+{{- dict "providers" .Values.clusterProfiles.providers | toPrettyJson }}
+{{- end }}
+
 {{/* Lease name: values or the full name. */}}
 {{- define "ccc.leaseName" -}}
 {{- default (include "ccc.fullname" .) .Values.leaseName }}
@@ -104,8 +119,11 @@ looks for (`<serviceAccount>-<namespace>`), so that it reuses these instead of c
 {{- if and .Values.remoteKubeconfig.create (not .Values.remoteKubeconfig.content) }}
 {{- fail "remoteKubeconfig.create=true needs remoteKubeconfig.content (use --set-file remoteKubeconfig.content=PATH)" }}
 {{- end }}
-{{- if not (or .Values.remoteSecretSelector (include "ccc.staticRemote" .) .Values.remoteContext) }}
-{{- fail "no remote cluster: set remoteSecretSelector (remotes from labelled Secrets), remoteKubeconfig.existingSecret or remoteKubeconfig.create=true" }}
+{{- if not (or .Values.remoteSecretSelector (include "ccc.staticRemote" .) .Values.remoteContext .Values.clusterProfiles.enabled) }}
+{{- fail "no remote cluster: set remoteSecretSelector (remotes from labelled Secrets), remoteKubeconfig.existingSecret, remoteKubeconfig.create=true or clusterProfiles.enabled=true" }}
+{{- end }}
+{{- if and .Values.clusterProfiles.enabled (not .Values.clusterProfiles.providers) }}
+{{- fail "clusterProfiles.enabled=true needs clusterProfiles.providers (the exec plugin of each access provider: the daemon refuses a provider file that names none)" }}
 {{- end }}
 {{- if and .Values.sentry.dsn .Values.sentry.existingSecret }}
 {{- fail "sentry: set either dsn or existingSecret, not both" }}
