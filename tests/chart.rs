@@ -1633,6 +1633,24 @@ async fn the_cluster_profile_values_add_exactly_the_flags_the_file_and_the_roles
     assert_eq!(ns, "fleet", "the Role is where the profiles are");
     assert_eq!(rules, support::rbac::profiles_hub_needs());
 
+    // reportAs: its flag, and patch on the profiles' status beside list and watch
+    let report = template(&kc, &profiles_with(&["clusterProfiles.reportAs=west"])).unwrap();
+    assert!(
+        profile_args(&report).contains(&"--cluster-profiles-report-as=west".to_string()),
+        "{:?}",
+        profile_args(&report)
+    );
+    let (_, rules) =
+        role_rules(&report, "cross-cluster-controller-cluster-profiles").expect("Role");
+    let mut want = support::rbac::profiles_hub_needs();
+    want.extend(support::rbac::rules(&[(
+        "clusterprofiles.multicluster.x-k8s.io/status",
+        &["patch"],
+    )]));
+    assert_eq!(rules, want);
+    let err = template(&kc, &profiles_with(&["clusterProfiles.reportAs=West_1"])).unwrap_err();
+    assert!(err.contains("reportAs"), "{err}");
+
     // secretReader: get on the Secrets of the release namespace, beside what the remote Secrets
     // need (remoteSecretSelector on by default)
     let reader = template(&kc, &profiles_with(&["clusterProfiles.secretReader=true"])).unwrap();

@@ -42,6 +42,14 @@ const ADMIN_PORT: u16 = 8080;
 const WAIT: Duration = Duration::from_secs(120);
 
 /// The release's full name (and so its ServiceAccount's and election Lease's name).
+/// What the daemon sends the hub here: list and watch the profiles, patch their status.
+fn profile_rights() -> support::rbac::Rights {
+    union(
+        &profiles_hub_needs(),
+        &support::rbac::profiles_report_needs(),
+    )
+}
+
 fn fullname(ns: &str) -> String {
     format!("xcc-{}", &ns[ns.len() - 8..])
 }
@@ -66,6 +74,7 @@ fn values(ns: &str, install_hint: &str) -> Value {
         "clusterProfiles": {
             "enabled": true,
             "secretReader": true,
+            "reportAs": "west",
             "providers": [{"name": SECRETREADER, "execConfig": {
                 "apiVersion": "client.authentication.k8s.io/v1",
                 "command": "/plugins/secretreader-plugin",
@@ -206,6 +215,23 @@ async fn the_chart_reads_a_remote_from_a_cluster_profile_with_the_secretreader_p
             .ok_or(format!("{a:?}"))
     })
     .await;
+    // what west sees of east, written back on the profile (the chart's patch on their status)
+    let ours = eventually("west's condition on the profile", WAIT, || async {
+        let c = support::fleet::condition_in(
+            &west,
+            &ns.name,
+            "east",
+            "cross-cluster-controller.fair.com/ConnectedFrom.west",
+        )
+        .await?;
+        if c["status"] == "True" {
+            Ok(c)
+        } else {
+            Err(c.to_string())
+        }
+    })
+    .await;
+    assert_eq!(ours["reason"], "Connected", "{ours}");
     let readyz = east_synced(&ip).await;
     let metrics = pod_admin_get(&ip, ADMIN_PORT, "/metrics")
         .await
@@ -301,14 +327,14 @@ async fn the_chart_reads_a_remote_from_a_cluster_profile_with_the_secretreader_p
     );
     assert_eq!(
         has,
-        union(&own, &union(&profiles_hub_needs(), &secretreader_needs())),
+        union(&own, &union(&profile_rights(), &secretreader_needs())),
         "the writer in the release and profiles' namespace: {}",
         show(&has)
     );
     assert_eq!(
         beyond,
-        union(&profiles_hub_needs(), &secretreader_needs()),
-        "beyond its own rights: list/watch ClusterProfiles and get Secrets, no more"
+        union(&profile_rights(), &secretreader_needs()),
+        "beyond its own rights: list/watch ClusterProfiles, patch their status, get Secrets, no more"
     );
     // elsewhere only the ClusterRole's reads (watchNamespaces): no ClusterProfile, no Secret
     let outside = support::rbac::rules(&[

@@ -104,6 +104,19 @@ pub async fn create_profile_in(c: &Client, ns: &str, name: &str, status: Value) 
 
 /// Replaces profile `name`'s status in `ns` of the cluster of `c` (merge patch of the status
 /// subresource).
+/// The condition `kind` of profile `name` in `ns`, if it carries one.
+pub async fn condition_in(c: &Client, ns: &str, name: &str, kind: &str) -> Result<Value, String> {
+    let p = profiles(c, ns).get(name).await.map_err(|e| e.to_string())?;
+    let conditions = p.data["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    conditions
+        .into_iter()
+        .find(|c| c["type"] == kind)
+        .ok_or_else(|| format!("no condition {kind} on {name}: {}", p.data["status"]))
+}
+
 pub async fn set_status_in(c: &Client, ns: &str, name: &str, status: Value) {
     profiles(c, ns)
         .patch_status(
@@ -238,18 +251,7 @@ impl Fleet {
 
     /// The condition `kind` of profile `name`, if it carries one.
     pub async fn condition(&self, name: &str, kind: &str) -> Result<Value, String> {
-        let p = profiles(&self.hub, &self.ns)
-            .get(name)
-            .await
-            .map_err(|e| e.to_string())?;
-        let conditions = p.data["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        conditions
-            .into_iter()
-            .find(|c| c["type"] == kind)
-            .ok_or_else(|| format!("no condition {kind} on {name}: {}", p.data["status"]))
+        condition_in(&self.hub, &self.ns, name, kind).await
     }
 
     pub async fn delete_profile(&self, name: &str) {

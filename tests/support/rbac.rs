@@ -143,6 +143,12 @@ pub fn profiles_hub_needs() -> Rights {
     rules(&[("clusterprofiles.multicluster.x-k8s.io", &["list", "watch"])])
 }
 
+/// What the write-back adds (`--cluster-profiles-report-as`): a server-side apply of the
+/// daemon's own condition on the profiles' status.
+pub fn profiles_report_needs() -> Rights {
+    rules(&[("clusterprofiles.multicluster.x-k8s.io/status", &["patch"])])
+}
+
 /// What the reference `secretreader` plugin sends when the daemon runs it in its pod: a get of
 /// the Secret named by the profile, in the pod's namespace.
 pub fn secretreader_needs() -> Rights {
