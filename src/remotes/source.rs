@@ -64,7 +64,7 @@ pub enum Refused {
     #[error("it reaches cluster {id}, already read as remote {other:?}")]
     AlreadyRead { id: String, other: String },
     #[error(
-        "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY}); to drop the old one, delete this object"
+        "held: it now reaches cluster {id}, but remote {name:?} is cluster {was}; its followers are kept. To read the new cluster, give it another name ({NAME_KEY} on a Secret; another profile); to drop the old one, delete this object"
     )]
     Held {
         name: String,
