@@ -35,7 +35,8 @@ pub struct ProfileArgs {
     pub clusterprofile_provider_file: Option<PathBuf>,
 
     /// A profile's plugin is run again at least this often (seconds), and before its credential
-    /// expires (--remote-token-renew-before), so a credential rotated in the hub is used.
+    /// expires (--remote-token-renew-before; with `off`, at 20% of its life left), so a
+    /// credential rotated in the hub is used.
     #[arg(long, env = "CLUSTER_PROFILES_REFRESH_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(5..))]
     pub cluster_profiles_refresh_seconds: u64,
 
@@ -103,7 +104,12 @@ impl ProfileArgs {
             selector: self.cluster_profiles_selector.clone(),
             providers,
             refresh: Duration::from_secs(self.cluster_profiles_refresh_seconds),
-            renew_before,
+            // `off` stops the writes of token renewal; running a plugin again writes nothing, so
+            // a profile's credential is refreshed before it expires all the same
+            renew_before: match renew_before {
+                RenewBefore::Off => RenewBefore::Percent(20),
+                window => window,
+            },
             exec_timeout: Duration::from_secs(self.cluster_profiles_exec_timeout_seconds),
             removal_grace,
             daemon_namespace: daemon_namespace.to_string(),
@@ -165,6 +171,11 @@ mod tests {
         let s = source(&args(Some("fleet"), Some(p))).unwrap().expect("on");
         assert_eq!(s.namespace, "fleet");
         assert_eq!(s.providers.names(), ["p"]);
+        assert_eq!(
+            s.renew_before,
+            RenewBefore::Percent(20),
+            "renewal off still refreshes a profile's credential before it expires"
+        );
         let (_d, p) = file(&good.replace("/bin/sh", "/nonexistent/plugin"));
         let why = source(&args(Some("fleet"), Some(p))).unwrap_err();
         assert!(why.contains("/nonexistent/plugin"), "{why}");
