@@ -70,18 +70,24 @@ async fn the_rendered_manifests_are_accepted_by_the_api_server() {
         "--kube-version",
         "1.34.4",
     ]));
+    server_dry_run(&kc, &ns.name, &rendered);
+}
+
+/// `kubectl apply --dry-run=server` of `text` (YAML documents) into `ns` of west: the API server
+/// accepts every object, or the test fails with kubectl's words.
+fn server_dry_run(kc: &std::path::Path, ns: &str, text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rendered.yaml");
-    std::fs::write(&file, rendered).unwrap();
+    std::fs::write(&file, text).unwrap();
     run(Command::new(tool("kubectl"))
-        .env("KUBECONFIG", &kc)
+        .env("KUBECONFIG", kc)
         .args([
             "--context",
             LOCAL,
             "apply",
             "--dry-run=server",
             "-n",
-            &ns.name,
+            ns,
             "-f",
         ])
         .arg(&file));
@@ -1384,21 +1390,7 @@ async fn the_network_policy_admits_only_the_given_peers_on_the_admin_port() {
         .unwrap_err();
     assert!(err.contains("networkPolicy"), "{err}");
     for p in [&open[0], &closed[0]] {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("netpol.yaml");
-        std::fs::write(&file, serde_yaml::to_string(p).unwrap()).unwrap();
-        run(Command::new(tool("kubectl"))
-            .env("KUBECONFIG", &kc)
-            .args([
-                "--context",
-                LOCAL,
-                "apply",
-                "--dry-run=server",
-                "-n",
-                &ns.name,
-                "-f",
-            ])
-            .arg(&file));
+        server_dry_run(&kc, &ns.name, &serde_yaml::to_string(p).unwrap());
     }
 }
 
@@ -1763,21 +1755,7 @@ async fn the_cluster_profile_values_add_exactly_the_flags_the_file_and_the_roles
         &profiles_with(&["clusterProfiles.secretReader=true"]),
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rendered.yaml");
-    std::fs::write(&file, text).unwrap();
-    run(Command::new(tool("kubectl"))
-        .env("KUBECONFIG", &kc)
-        .args([
-            "--context",
-            LOCAL,
-            "apply",
-            "--dry-run=server",
-            "-n",
-            &ns.name,
-            "-f",
-        ])
-        .arg(&file));
+    server_dry_run(&kc, &ns.name, &text);
 }
 
 /// Installed with `clusterProfiles` (no remote Secrets), the writer is granted, as the API server
