@@ -142,8 +142,8 @@ pub struct Profiles {
     hub: Client,
     from: ProfileSource,
     ctl: Arc<Controller>,
-    /// profile -> when its plugin runs again
-    next: BTreeMap<String, Instant>,
+    /// each profile's credential and when its plugin runs again
+    credentials: Credentials,
     /// profile -> what its provider's policy ignored, as last said (said again on a change)
     ignored: BTreeMap<String, Vec<String>>,
     /// with write-back: this daemon's condition type, and its condition on each profile as seen
@@ -183,18 +183,24 @@ impl Kind for Profiles {
         self.ctl
             .remotes()
             .set_reported(&name, control_plane_unhealthy(p.status.as_ref()));
-        // tried again at the refresh interval, or sooner when it fails (the source's retry)
-        self.next
-            .insert(name.clone(), Instant::now() + self.from.refresh);
         check_name(&name, "the ClusterProfile's name").map_err(Refused::Unreadable)?;
         let policy = read_policy(p.annotations()).map_err(Refused::Unreadable)?;
         let access = access::access(&self.from.providers, p.status.as_ref())?;
         self.say_ignored(&name, &access.ignored);
-        let issued = exec::run(&access.invocation, self.from.exec_timeout).await?;
+        let (issued, ran) = self
+            .credentials
+            .get(
+                &name,
+                &access.invocation,
+                self.from.refresh,
+                self.from.exec_timeout,
+            )
+            .await?;
         let (kubeconfig, text) = kubeconfig(&name, &access, &issued)?;
         let credential = credential_of(&kubeconfig, &issued);
-        if let Some(at) = refresh_at(&credential, self.from.renew_before, self.from.refresh) {
-            self.next.insert(name.clone(), at);
+        if ran && let Some(at) = refresh_at(&credential, self.from.renew_before, self.from.refresh)
+        {
+            self.credentials.next.insert(name.clone(), at);
         }
         let mut c = policy.candidate(name, kubeconfig, &text);
         c.credential = Some(credential);
@@ -219,7 +225,8 @@ impl Kind for Profiles {
 
     fn due(&mut self) -> Vec<String> {
         let now = Instant::now();
-        self.next
+        self.credentials
+            .next
             .iter()
             .filter(|(_, at)| **at <= now)
             .map(|(n, _)| n.clone())
@@ -227,7 +234,8 @@ impl Kind for Profiles {
     }
 
     fn forget(&mut self, object: &str) {
-        self.next.remove(object);
+        self.credentials.next.remove(object);
+        self.credentials.issued.remove(object);
         self.ignored.remove(object);
         if let Some((_, observed)) = &self.report {
             observed.write().remove(object);
@@ -246,6 +254,47 @@ impl Profiles {
                 "the profile's own arguments or environment for its plugin were ignored, as its provider's policy says");
         }
         self.ignored.insert(name.to_string(), ignored.to_vec());
+    }
+}
+
+/// The profiles' credentials, as their plugins last gave them.
+#[derive(Default)]
+struct Credentials {
+    /// profile -> when its plugin runs again
+    next: BTreeMap<String, Instant>,
+    /// profile -> the invocation its plugin last ran and the credential it gave
+    issued: BTreeMap<String, (access::Invocation, exec::Issued)>,
+}
+
+impl Credentials {
+    /// A profile's credential, and whether the plugin ran for it: the last one the plugin gave
+    /// for this very invocation while its refresh is not due (a profile's status changes often,
+    /// its conditions and properties: that runs no plugin), else what the plugin gives now.
+    async fn get(
+        &mut self,
+        name: &str,
+        invocation: &access::Invocation,
+        refresh: Duration,
+        limit: Duration,
+    ) -> Result<(exec::Issued, bool), Refused> {
+        let now = Instant::now();
+        let due = self.next.get(name).is_none_or(|at| *at <= now);
+        let cached = self
+            .issued
+            .get(name)
+            .filter(|(inv, _)| !due && inv == invocation)
+            .map(|(_, i)| i.clone());
+        if let Some(i) = cached {
+            return Ok((i, false));
+        }
+        // run again at the refresh interval (sooner before expiry), or at the source's retry when
+        // it fails: a failed run leaves no credential to fall back on, so the failure stays shown
+        self.next.insert(name.to_string(), now + refresh);
+        self.issued.remove(name);
+        let i = exec::run(invocation, limit).await?;
+        self.issued
+            .insert(name.to_string(), (invocation.clone(), i.clone()));
+        Ok((i, true))
     }
 }
 
@@ -383,7 +432,7 @@ pub async fn spawn(
         hub,
         from: from.clone(),
         ctl: Arc::clone(ctl),
-        next: BTreeMap::new(),
+        credentials: Credentials::default(),
         ignored: BTreeMap::new(),
         report,
     };
@@ -494,6 +543,56 @@ mod tests {
             credential_of(&kc, &unknown).expiry,
             None,
             "an opaque token says nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_plugin_runs_for_a_new_access_or_a_due_refresh_not_for_a_status_update() {
+        // a plugin that counts its runs in a file and answers with the count as its token
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("runs");
+        let script = format!(
+            r#"echo x >> {0}; n=$(wc -l < {0}); [ -f {0}.fail ] && exit 1; printf '{{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{{"token":"t%s"}}}}' $n"#,
+            count.display()
+        );
+        let inv = access::Invocation {
+            provider: "p".into(),
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script],
+            env: vec![],
+            api_version: "client.authentication.k8s.io/v1".into(),
+            exec_info: "{}".into(),
+        };
+        let limit = Duration::from_secs(10);
+        let hour = Duration::from_secs(3600);
+        let mut c = Credentials::default();
+        let token = |r: &(exec::Issued, bool)| (r.0.token.clone().unwrap(), r.1);
+        let first = c.get("east", &inv, hour, limit).await.unwrap();
+        assert_eq!(token(&first), ("t1".into(), true));
+        // the profile applied again (its conditions changed): the last credential
+        let again = c.get("east", &inv, hour, limit).await.unwrap();
+        assert_eq!(token(&again), ("t1".into(), false));
+        // another access (its cluster or its provider's command line): the plugin runs
+        let mut other = inv.clone();
+        other.exec_info = r#"{"other":1}"#.into();
+        let changed = c.get("east", &other, hour, limit).await.unwrap();
+        assert_eq!(token(&changed), ("t2".into(), true));
+        // its refresh due: the plugin runs
+        c.next.insert("east".into(), Instant::now());
+        let due = c.get("east", &other, hour, limit).await.unwrap();
+        assert_eq!(token(&due), ("t3".into(), true));
+        // a failed run leaves nothing to fall back on: the next read runs it again, and fails
+        std::fs::write(format!("{}.fail", count.display()), "").unwrap();
+        c.next.insert("east".into(), Instant::now());
+        assert!(c.get("east", &other, hour, limit).await.is_err());
+        assert!(
+            c.get("east", &other, hour, limit).await.is_err(),
+            "not the old credential"
+        );
+        let runs = std::fs::read_to_string(&count).unwrap().lines().count();
+        assert_eq!(
+            runs, 5,
+            "one run each: the first, the new access, the refresh, two failures"
         );
     }
 
