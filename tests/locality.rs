@@ -134,11 +134,14 @@ async fn a_west_client_stays_home_fails_over_to_east_and_comes_back() {
 
     let url = format!("http://web.{}.svc.clusterset.local/", ns.name);
     let load = Load::start(&west, WEST, &ns.name, "load", &url, RATE).await;
-    // healthy: no request leaves west, and those of its zone's pods stay in the zone
-    let t0 = load
-        .answered_by(now_ms(), &BTreeSet::new())
-        .await
-        .max(now_ms());
+    // healthy: no request leaves west, and those of its zone's pods stay in the zone. Measured
+    // once the client's node has programmed the import (its first answers may come before its
+    // kube-proxy applied the hints, under load): the window opens after a second of answers by
+    // west alone, and a request to east after that fails the test
+    let started = load.answered_by(now_ms(), &BTreeSet::new()).await;
+    let west_names: BTreeSet<String> = west_pods.keys().cloned().collect();
+    settled_on(&load, started, west_names, RATE as usize).await;
+    let t0 = now_ms();
     let recs = load.records_past(t0 + HEALTHY_MS).await;
     let healthy = Tally::of(&recs, t0, t0 + HEALTHY_MS);
     assert!(healthy.sent >= (RATE as usize) * 5, "{}", healthy.figures());

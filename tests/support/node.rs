@@ -120,14 +120,33 @@ pub fn static_c_binary(source: &str, out_dir: &Path) -> PathBuf {
     let src = repo_root().join(source);
     let name = src.file_stem().expect("a file name").to_owned();
     let out = out_dir.join(name);
+    let tmp = scratch(&out);
     let status = Command::new("gcc")
         .args(["-static", "-Os", "-Wall", "-Wextra", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(&src)
         .status()
         .unwrap_or_else(|e| panic!("cannot run gcc (apt-get install gcc libc6-dev): {e}"));
     assert!(status.success(), "gcc -static {} failed", src.display());
+    settle(&tmp, &out);
     out
+}
+
+/// A path beside `out` that no other compile of this or another test uses: gcc writes its output
+/// in place, so two tests compiling one workload at once (the tests of one file run in
+/// parallel) had the one's import read the other's half-written file ("is not an executable
+/// file"). Each compiles to its own path and renames it over `out`, which is atomic: a reader
+/// sees a whole binary, the old or the new.
+fn scratch(out: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let name = out.file_name().expect("a file name").to_string_lossy();
+    out.with_file_name(format!(".{name}.{}.{n}", std::process::id()))
+}
+
+fn settle(tmp: &Path, out: &Path) {
+    std::fs::rename(tmp, out)
+        .unwrap_or_else(|e| panic!("rename {} to {}: {e}", tmp.display(), out.display()));
 }
 
 /// Packages `binary` FROM scratch (entrypoint, user 65532) and imports it into the node of
@@ -187,13 +206,15 @@ pub fn c_binary(source: &str, out_dir: &Path, static_: bool) -> PathBuf {
     }
     let src = repo_root().join(source);
     let out = out_dir.join(src.file_stem().expect("a file name"));
+    let tmp = scratch(&out);
     let status = Command::new("gcc")
         .args(["-Os", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(&src)
         .status()
         .unwrap_or_else(|e| panic!("cannot run gcc: {e}"));
     assert!(status.success(), "gcc {} failed", src.display());
+    settle(&tmp, &out);
     out
 }
 
