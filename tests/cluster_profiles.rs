@@ -106,15 +106,7 @@ async fn a_profile_joins_rotates_with_its_token_and_retires_when_deleted() {
     d.wait_metric("xcc_remote_changes_total", &[("change", "joined")], 2.0)
         .await;
     // what west sees of east, written back on the profile (the leader's own condition)
-    let ours = eventually("west's condition on the profile", WAIT, || async {
-        let c = fleet.condition("east", OURS).await?;
-        if c["status"] == "True" {
-            Ok(c)
-        } else {
-            Err(c.to_string())
-        }
-    })
-    .await;
+    let ours = support::fleet::condition_true(&fleet.hub, &ns.name, "east", OURS).await;
     assert_eq!(ours["reason"], "Connected", "{ours}");
     let before = snapshot(&client(LOCAL).await, &[&ns.name]).await;
     let one_hour = expiry(&d, "east").expect("east's credential expiry");

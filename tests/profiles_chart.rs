@@ -216,20 +216,12 @@ async fn the_chart_reads_a_remote_from_a_cluster_profile_with_the_secretreader_p
     })
     .await;
     // what west sees of east, written back on the profile (the chart's patch on their status)
-    let ours = eventually("west's condition on the profile", WAIT, || async {
-        let c = support::fleet::condition_in(
-            &west,
-            &ns.name,
-            "east",
-            "cross-cluster-controller.fair.com/ConnectedFrom.west",
-        )
-        .await?;
-        if c["status"] == "True" {
-            Ok(c)
-        } else {
-            Err(c.to_string())
-        }
-    })
+    let ours = support::fleet::condition_true(
+        &west,
+        &ns.name,
+        "east",
+        "cross-cluster-controller.fair.com/ConnectedFrom.west",
+    )
     .await;
     assert_eq!(ours["reason"], "Connected", "{ours}");
     let readyz = east_synced(&ip).await;

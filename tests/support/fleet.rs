@@ -117,6 +117,23 @@ pub async fn condition_in(c: &Client, ns: &str, name: &str, kind: &str) -> Resul
         .ok_or_else(|| format!("no condition {kind} on {name}: {}", p.data["status"]))
 }
 
+/// Waits until profile `name` in `ns` carries the condition `kind` with status True; returns it.
+pub async fn condition_true(c: &Client, ns: &str, name: &str, kind: &str) -> Value {
+    super::eventually(
+        &format!("condition {kind} True on profile {name}"),
+        std::time::Duration::from_secs(60),
+        || async {
+            let cond = condition_in(c, ns, name, kind).await?;
+            if cond["status"] == "True" {
+                Ok(cond)
+            } else {
+                Err(cond.to_string())
+            }
+        },
+    )
+    .await
+}
+
 pub async fn set_status_in(c: &Client, ns: &str, name: &str, status: Value) {
     profiles(c, ns)
         .patch_status(
