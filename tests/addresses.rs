@@ -318,3 +318,207 @@ async fn an_mcs_export_listing_local_addresses_reaches_no_import_with_them() {
         &before.non_followers_touched(&after),
     );
 }
+
+/// Networks of the bed no cluster uses, for this test's local objects: a local Service's external
+/// IP and load-balancer IP, a Calico IPPool, a CiliumNode's pod CIDR, `--local-pod-cidrs`.
+const EXTERNAL_IP: &str = "10.79.0.7";
+const LB_IP: &str = "10.79.0.8";
+const CALICO_NET: &str = "10.79.1.0/24";
+const CALICO_POD: &str = "10.79.1.5";
+const CILIUM_NET: &str = "10.79.2.0/24";
+const CILIUM_POD: &str = "10.79.2.5";
+const POD_FLAG_NET: &str = "10.79.3.0/24";
+const POD_FLAG_POD: &str = "10.79.3.5";
+/// One of the remote's own IPv6 pods.
+const OWN6: &str = "fd77::5";
+
+/// A local Service of `ns` (not a follower) with an external IP, and a LoadBalancer Service whose
+/// status names an ingress IP, as a cloud's load-balancer controller writes it.
+async fn local_service_addresses(ns: &str) {
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, ns);
+    let pp = PostParams::default();
+    let external = support::obj(json!({
+        "metadata": {"name": "front"},
+        "spec": {"ports": [{"port": 80}], "externalIPs": [EXTERNAL_IP]},
+    }));
+    west.create(&pp, &external).await.unwrap();
+    let lb = support::obj(json!({
+        "metadata": {"name": "edge"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 443}]},
+    }));
+    west.create(&pp, &lb).await.unwrap();
+    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": LB_IP}]}}});
+    west.patch_status("edge", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// Calico's IPPool and Cilium's CiliumNode CRDs in the local cluster (stand-ins that keep any
+/// field), each with one object naming a pod network, as those CNIs publish them.
+async fn cni_pools(ns: &str) -> Vec<(kube::api::ApiResource, String)> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let crds = [
+        (
+            "crd.projectcalico.org",
+            "v1",
+            "IPPool",
+            "ippools",
+            json!({"cidr": CALICO_NET}),
+        ),
+        (
+            "cilium.io",
+            "v2",
+            "CiliumNode",
+            "ciliumnodes",
+            json!({"ipam": {"podCIDRs": [CILIUM_NET]}}),
+        ),
+    ];
+    let mut made = Vec::new();
+    for (group, version, kind, plural, spec) in crds {
+        support::objects::apply_crd(
+            LOCAL,
+            &support::objects::open_crd(group, version, kind, plural),
+        )
+        .await;
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api: Api<DynamicObject> = Api::all_with(client(LOCAL).await, &ar);
+        let name = format!("xcc-{ns}");
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{group}/{version}"), "kind": kind,
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
+        made.push((ar, name));
+    }
+    made
+}
+
+#[tokio::test]
+async fn cloud_platform_nat64_and_every_local_network_are_refused() {
+    let ns = namespace("addresses-platform").await;
+    let (api, _) = local_addresses().await;
+    local_service_addresses(&ns.name).await;
+    let pools = cni_pools(&ns.name).await;
+    let east = client(REMOTE).await;
+    let pp = PostParams::default();
+    Api::<Service>::namespaced(east.clone(), &ns.name)
+        .create(&pp, &exported("web", 80))
+        .await
+        .unwrap();
+    let slices: Api<EndpointSlice> = Api::namespaced(east, &ns.name);
+    // the local API server through NAT64 (64:ff9b::/96 embeds it), written canonically
+    let v4: std::net::Ipv4Addr = api.parse().expect("the API server's IPv4 address");
+    let [a, b, c, e] = v4.octets();
+    let nat64 = std::net::Ipv6Addr::new(
+        0x64,
+        0xff9b,
+        0,
+        0,
+        0,
+        0,
+        u16::from_be_bytes([a, b]),
+        u16::from_be_bytes([c, e]),
+    )
+    .to_string();
+    let hostile4 = [
+        OWN,
+        "100.100.100.200",
+        "168.63.129.16",
+        EXTERNAL_IP,
+        LB_IP,
+        CALICO_POD,
+        CILIUM_POD,
+        POD_FLAG_POD,
+    ];
+    slices
+        .create(&pp, &remote_slice("web", "web-1", &hostile4))
+        .await
+        .unwrap();
+    let hostile6: Vec<serde_json::Value> = [OWN6, "fd00:ec2::254", "fd20:ce::254", nat64.as_str()]
+        .iter()
+        .map(|ip| endpoint(ip))
+        .collect();
+    let v6 = remote_slice_with(
+        "web",
+        "web-v6",
+        "IPv6",
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+        hostile6,
+    );
+    slices.create(&pp, &v6).await.unwrap();
+
+    let before = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    let t0 = std::time::Instant::now();
+    // any address is the remote's to name, but for what is local or a platform's
+    let args = with_args(
+        args_for(&ns.name),
+        &[
+            "--remote-allowed-cidrs",
+            "0.0.0.0/0,::/0",
+            "--local-pod-cidrs",
+            POD_FLAG_NET,
+        ],
+    );
+    let d = Daemon::start(&args).await;
+    d.wait_synced(&[REMOTE]).await;
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    eventually("the follower", WAIT, || present(&west, "web")).await;
+    let mut want = [OWN, OWN6];
+    want.sort();
+    addresses_are(&ns.name, "web", &want).await;
+    let took = t0.elapsed();
+    for (reason, n) in [
+        ("Platform", 4.0),
+        ("LocalApiServer", 1.0),
+        ("LocalServiceAddress", 2.0),
+        ("LocalPodNetwork", 3.0),
+    ] {
+        d.wait_metric(
+            "xcc_addresses_refused_total",
+            &[("remote", REMOTE), ("reason", reason)],
+            n,
+        )
+        .await;
+    }
+    let notes = eventually("an AddressRefused Event on the follower", WAIT, || {
+        support::event_notes(LOCAL, &ns.name, "AddressRefused", Some(("Service", "web")))
+    })
+    .await;
+    assert!(
+        notes.iter().any(|n| n.contains("cloud platform")),
+        "{notes:?}"
+    );
+    let (_, ready) = d.readyz().expect("readyz");
+    assert!(
+        !ready.contains("local pod networks: none known"),
+        "--local-pod-cidrs and the CNI's pools name pod networks: {ready}"
+    );
+
+    let after = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+    // the load balancer goes: its address is a remote's to name again
+    Api::<Service>::namespaced(client(LOCAL).await, &ns.name)
+        .delete("edge", &Default::default())
+        .await
+        .unwrap();
+    let mut want = [OWN, OWN6, LB_IP];
+    want.sort();
+    addresses_are(&ns.name, "web", &want).await;
+    for (ar, name) in pools {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client(LOCAL).await, &ar);
+        api.delete(&name, &Default::default()).await.unwrap();
+    }
+    conclude(
+        Report {
+            id: "79-contain-platform-addresses",
+            scenario: "A remote's slices list cloud platform endpoints (Alibaba metadata, Azure WireServer, AWS and GCP metadata over IPv6), the local API server through NAT64, a local Service's external and load-balancer IPs, and addresses in a Calico IPPool, a CiliumNode's pod CIDR and --local-pod-cidrs, beside its own IPv4 and IPv6 pods",
+            done: "a daemon whose remote may use any address (allowlist 0.0.0.0/0, ::/0); then the load-balancer Service is deleted",
+            converge: Some(took),
+            note: format!(
+                "the follower held only {OWN} and {OWN6}; refused Platform 4, LocalApiServer 1 (NAT64), LocalServiceAddress 2, LocalPodNetwork 3 (each counted, an AddressRefused Event); the load balancer gone, its address was admitted again"
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
+}

@@ -335,6 +335,8 @@ async fn the_chart_reads_a_remote_from_a_cluster_profile_with_the_secretreader_p
         ("namespaces", support::rbac::RO),
         ("nodes", &["list", "watch"]),
         ("servicecidrs.networking.k8s.io", &["list", "watch"]),
+        ("ippools.crd.projectcalico.org", &["list", "watch"]),
+        ("ciliumnodes.cilium.io", &["list", "watch"]),
         ("services", support::rbac::RO),
     ]);
     assert_eq!(elsewhere, outside, "in default: {}", show(&elsewhere));

@@ -170,6 +170,13 @@ pub struct Args {
     #[arg(long, env = "LOCAL_CIDRS", default_value = "", value_parser = parse_cidrs)]
     pub local_cidrs: CidrList,
 
+    /// The local pods' networks, where neither the nodes (`spec.podCIDRs`) nor the CNI's own
+    /// objects the daemon reads (Calico IPPools, Cilium CiliumNodes) name them: no remote
+    /// address may be in them, and /readyz stops saying that no local pod range is known
+    /// (CIDRs, comma-separated).
+    #[arg(long, env = "LOCAL_POD_CIDRS", default_value = "", value_parser = parse_cidrs)]
+    pub local_pod_cidrs: CidrList,
+
     /// The largest response a remote's client reads (a list page, a Get), in bytes (suffixes Ki,
     /// Mi, Gi); a larger one fails that request with an error on /readyz.
     #[arg(long, env = "MAX_RESPONSE_BYTES", default_value = "32Mi", value_parser = parse_limit)]
@@ -385,6 +392,7 @@ impl Args {
                     local_name: self.local_cluster_name.clone(),
                 }),
                 local_cidrs: self.local_cidrs.0.clone(),
+                local_pod_cidrs: self.local_pod_cidrs.0.clone(),
             },
             lease,
             sweep: crate::reconcile::sweep::Settings {

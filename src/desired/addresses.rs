@@ -7,7 +7,7 @@
 //! mode and in the MCS mode alike; an endpoint with a refused address is left out whole.
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -30,16 +30,22 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub enum Refusal {
     /// an address of a local Node (`status.addresses`)
     LocalNode,
-    /// inside a local Node's pod CIDR (`spec.podCIDRs`)
+    /// inside a local pod network: a Node's pod CIDR (`spec.podCIDRs`), a CNI's pool (Calico
+    /// IPPools, Cilium's CiliumNodes) or `--local-pod-cidrs`
     LocalPodNetwork,
     /// inside a local ServiceCIDR (`networking.k8s.io/v1`)
     LocalServiceNetwork,
     /// an endpoint of the local API server (the `default/kubernetes` Service)
     LocalApiServer,
+    /// a local Service's `externalIPs` or load-balancer ingress IP
+    LocalServiceAddress,
     /// inside a network the operator named local (`--local-cidrs`)
     LocalConfigured,
     /// loopback, link-local, unspecified, multicast or broadcast: never a pod's
     Reserved,
+    /// a cloud platform's own endpoint (instance metadata, Azure's WireServer, ...): never a
+    /// pod's, and a request to it from a node can carry the node's credentials
+    Platform,
     /// outside the remote's allowed CIDRs
     NotAllowed,
     /// the remote has no allowlist and strict mode is on
@@ -66,8 +72,10 @@ impl Refusal {
             Refusal::LocalPodNetwork => "in the local pod network",
             Refusal::LocalServiceNetwork => "in the local Service network",
             Refusal::LocalApiServer => "the local API server",
+            Refusal::LocalServiceAddress => "a local Service's external or load-balancer IP",
             Refusal::LocalConfigured => "in --local-cidrs",
             Refusal::Reserved => "loopback, link-local, multicast or unspecified",
+            Refusal::Platform => "a cloud platform's endpoint (instance metadata, WireServer)",
             Refusal::NotAllowed => "outside the remote's allowed CIDRs",
             Refusal::NoAllowlist => "the remote has no allowed CIDRs (strict mode)",
             Refusal::Fqdn => "an FQDN endpoint",
@@ -109,6 +117,15 @@ impl LocalNetworks {
         })
     }
 
+    /// How many pod networks it holds: none means the local pods are not known as local (a
+    /// CNI that publishes its pools nowhere the daemon reads, and no `--local-pod-cidrs`).
+    pub fn pod_ranges(&self) -> usize {
+        self.nets
+            .iter()
+            .filter(|(_, why)| *why == Refusal::LocalPodNetwork)
+            .count()
+    }
+
     /// How many addresses and networks it holds (for logs).
     pub fn size(&self) -> (usize, usize) {
         (self.addresses.len(), self.nets.len())
@@ -126,14 +143,19 @@ pub struct AddressPolicy {
 }
 
 impl AddressPolicy {
-    /// Judges one address.
+    /// Judges one address. An address of the NAT64 well-known prefix is judged as the IPv4
+    /// address it embeds (a node with NAT64 sends it there).
     pub fn judge(&self, address: &str, local: &LocalNetworks) -> Result<(), Refusal> {
         let ip = address
             .parse::<IpAddr>()
             .map_err(|_| Refusal::NotAnAddress)?
             .to_canonical();
+        let ip = nat64_embedded(ip).unwrap_or(ip);
         if is_reserved(ip) {
             return Err(Refusal::Reserved);
+        }
+        if PLATFORM.contains(&ip) {
+            return Err(Refusal::Platform);
         }
         if let Some(why) = local.classify(ip) {
             return Err(why);
@@ -151,6 +173,31 @@ impl AddressPolicy {
             Err(Refusal::NotAllowed)
         }
     }
+}
+
+/// Cloud platforms' own endpoints outside the link-local range (169.254.169.254 and the other
+/// link-local ones are [`is_reserved`]), each from its provider's documentation (see
+/// docs/security.md): Alibaba Cloud's instance metadata; Azure's WireServer (host-node virtual
+/// IP); AWS's instance metadata, DNS resolver and time sync over IPv6; GCP's metadata server over
+/// IPv6.
+const PLATFORM: [IpAddr; 6] = [
+    IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x253)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x123)),
+    IpAddr::V6(Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
+];
+
+/// The IPv4 address a NAT64 address of the well-known prefix `64:ff9b::/96` (RFC 6052) embeds.
+fn nat64_embedded(ip: IpAddr) -> Option<IpAddr> {
+    let IpAddr::V6(v6) = ip else { return None };
+    let s = v6.segments();
+    if s[..6] != [0x64, 0xff9b, 0, 0, 0, 0] {
+        return None;
+    }
+    let o = v6.octets();
+    Some(IpAddr::V4(Ipv4Addr::new(o[12], o[13], o[14], o[15])))
 }
 
 /// Never a pod's address (the API server refuses most of these in an EndpointSlice, so a remote

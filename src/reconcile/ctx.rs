@@ -156,10 +156,25 @@ pub struct Settings {
     /// networks of the local cluster named by the operator (`--local-cidrs`), besides those
     /// its watches find
     pub local_cidrs: Vec<ipnet::IpNet>,
+    /// the local pods' networks named by the operator (`--local-pod-cidrs`)
+    pub local_pod_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// Who records our Events.
 const CONTROLLER: &str = "cross-cluster-controller";
+
+/// The networks the operator named local, each with what it is.
+fn configured_networks(
+    any: Vec<ipnet::IpNet>,
+    pods: Vec<ipnet::IpNet>,
+) -> Vec<(ipnet::IpNet, crate::desired::addresses::Refusal)> {
+    use crate::desired::addresses::Refusal;
+    let any = any.into_iter().map(|n| (n, Refusal::LocalConfigured));
+    pods.into_iter()
+        .map(|n| (n, Refusal::LocalPodNetwork))
+        .chain(any)
+        .collect()
+}
 
 impl Ctx {
     /// What every reconcile shares: caches, the writer, Events, metrics.
@@ -193,7 +208,7 @@ impl Ctx {
             namespaces: settings.namespaces,
             remotes: Arc::new(Remotes::default()),
             local: Arc::new(LocalState::new(crate::state::Networks::new(
-                settings.local_cidrs,
+                configured_networks(settings.local_cidrs, settings.local_pod_cidrs),
             ))),
             writer,
             metrics: Arc::clone(metrics),

@@ -59,6 +59,9 @@ fn is_invisible(c: char) -> bool {
         | '\u{e0000}'..='\u{e007f}')
 }
 
+/// The /readyz line of a daemon that knows no local pod network.
+pub const NO_POD_RANGE: &str = "local pod networks: none known (no node has spec.podCIDRs, no Calico IPPool or CiliumNode names one): a remote may name a local pod's address; name them with --local-pod-cidrs";
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -82,10 +85,16 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     }
     match s.local.networks.problem() {
         None => {
-            let (addresses, nets) = s.local.networks.current().size();
+            let current = s.local.networks.current();
+            let (addresses, nets) = current.size();
             lines.push(format!(
                 "local networks: listed ({addresses} addresses, {nets} networks no remote may claim)"
             ));
+            // not a reason to stop (a cluster may run pods on its nodes' network only), but a
+            // remote may then name a local pod's address: say how to close it
+            if current.pod_ranges() == 0 {
+                lines.push(NO_POD_RANGE.into());
+            }
         }
         Some(why) => lines.push(format!("local networks: not listed: {}", detail(&why))),
     }

@@ -1,6 +1,7 @@
 //! The local cluster's own networks, as the local watches have seen them: its nodes' addresses
-//! and pod CIDRs, its ServiceCIDRs, its API server's endpoints, and what the operator named
-//! (`--local-cidrs`). No remote may contribute an address in them (see `desired::addresses`).
+//! and pod CIDRs, its ServiceCIDRs, its API server's endpoints, its Services' external and
+//! load-balancer IPs, the pod pools its CNI publishes (Calico's IPPools, Cilium's CiliumNodes),
+//! and what the operator named (`--local-cidrs`, `--local-pod-cidrs`). No remote may contribute an address in them (see `desired::addresses`).
 //! The nodes also give the zones the local cluster's clients are in (see
 //! `desired::mcs::localize`).
 //!
@@ -23,16 +24,32 @@ pub enum Part {
     Nodes,
     ServiceCidrs,
     ApiServer,
+    /// every local Service's `externalIPs` and load-balancer ingress IPs
+    Services,
+    /// Calico's IPPools (`crd.projectcalico.org/v1`), where Calico runs
+    CalicoPools,
+    /// Cilium's CiliumNodes (`cilium.io/v2`), where Cilium runs
+    CiliumNodes,
 }
 
 impl Part {
-    pub const ALL: [Part; 3] = [Part::Nodes, Part::ServiceCidrs, Part::ApiServer];
+    pub const ALL: [Part; 6] = [
+        Part::Nodes,
+        Part::ServiceCidrs,
+        Part::ApiServer,
+        Part::Services,
+        Part::CalicoPools,
+        Part::CiliumNodes,
+    ];
 
     pub fn what(self) -> &'static str {
         match self {
             Part::Nodes => "Nodes",
             Part::ServiceCidrs => "ServiceCIDRs",
             Part::ApiServer => "the API server's EndpointSlices",
+            Part::Services => "Services",
+            Part::CalicoPools => "Calico IPPools",
+            Part::CiliumNodes => "CiliumNodes",
         }
     }
 }
@@ -44,6 +61,13 @@ pub struct Entry {
     pub nets: Vec<(IpNet, Refusal)>,
     /// a node's zone (`topology.kubernetes.io/zone`)
     pub zone: Option<String>,
+}
+
+impl Entry {
+    /// Says nothing: not kept (most Services have no external IP).
+    fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && self.nets.is_empty() && self.zone.is_none()
+    }
 }
 
 #[derive(Default)]
@@ -58,7 +82,8 @@ struct Listing {
 
 /// The local networks and the parts they are made of.
 pub struct Networks {
-    configured: Vec<IpNet>,
+    /// what the operator named, with what it is (`--local-cidrs`, `--local-pod-cidrs`)
+    configured: Vec<(IpNet, Refusal)>,
     parts: RwLock<BTreeMap<Part, Listing>>,
     current: RwLock<Arc<LocalNetworks>>,
     /// the zones of the nodes
@@ -68,8 +93,10 @@ pub struct Networks {
 }
 
 impl Networks {
-    /// `configured`: the networks the operator named local (`--local-cidrs`).
-    pub fn new(configured: Vec<IpNet>) -> Self {
+    /// `configured`: the networks the operator named local, each with what it is
+    /// (`--local-cidrs`: [`Refusal::LocalConfigured`], `--local-pod-cidrs`:
+    /// [`Refusal::LocalPodNetwork`]).
+    pub fn new(configured: Vec<(IpNet, Refusal)>) -> Self {
         let parts = Part::ALL.map(|p| (p, Listing::default())).into();
         let n = Self {
             configured,
@@ -133,9 +160,12 @@ impl Networks {
             };
             match &mut l.next {
                 Some(next) => {
-                    next.insert(name, entry);
+                    if !entry.is_empty() {
+                        next.insert(name, entry);
+                    }
                     false
                 }
+                None if entry.is_empty() => l.objects.remove(&name).is_some(),
                 None => l.objects.insert(name, entry.clone()).as_ref() != Some(&entry),
             }
         };
@@ -180,8 +210,8 @@ impl Networks {
     fn rebuild(&self) -> bool {
         let mut local = LocalNetworks::default();
         let mut zones = BTreeSet::new();
-        for net in &self.configured {
-            local.add_net(*net, Refusal::LocalConfigured);
+        for (net, why) in &self.configured {
+            local.add_net(*net, *why);
         }
         for l in self.parts.read().values() {
             for entry in l.objects.values() {
@@ -247,8 +277,42 @@ mod tests {
     }
 
     #[test]
+    fn a_service_without_external_addresses_is_not_kept_and_pod_ranges_count_every_source() {
+        let n = Networks::new(vec![(
+            "10.210.0.0/16".parse().unwrap(),
+            Refusal::LocalPodNetwork,
+        )]);
+        for p in Part::ALL {
+            n.listed(p);
+        }
+        assert_eq!(n.current().pod_ranges(), 1, "--local-pod-cidrs");
+        let lb = Entry {
+            addresses: vec![("203.0.113.7".parse().unwrap(), Refusal::LocalServiceAddress)],
+            ..Entry::default()
+        };
+        assert!(n.apply(Part::Services, "shop/web".into(), lb));
+        assert_eq!(
+            n.current().classify("203.0.113.7".parse().unwrap()),
+            Some(Refusal::LocalServiceAddress)
+        );
+        // the Service loses its load balancer: its entry goes, and an empty one is not kept
+        assert!(n.apply(Part::Services, "shop/web".into(), Entry::default()));
+        assert!(!n.apply(Part::Services, "shop/db".into(), Entry::default()));
+        assert_eq!(n.current().classify("203.0.113.7".parse().unwrap()), None);
+        let pool = Entry {
+            nets: vec![("10.244.0.0/16".parse().unwrap(), Refusal::LocalPodNetwork)],
+            ..Entry::default()
+        };
+        assert!(n.apply(Part::CalicoPools, "default-ipv4-ippool".into(), pool));
+        assert_eq!(n.current().pod_ranges(), 2);
+    }
+
+    #[test]
     fn ready_only_once_every_part_is_listed_and_a_relist_replaces_its_part() {
-        let n = Networks::new(vec!["10.99.0.0/16".parse().unwrap()]);
+        let n = Networks::new(vec![(
+            "10.99.0.0/16".parse().unwrap(),
+            Refusal::LocalConfigured,
+        )]);
         assert!(!n.ready());
         assert!(n.problem().unwrap().contains("Nodes: not listed yet"));
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -268,6 +332,10 @@ mod tests {
         assert!(n.problem().unwrap().contains("ServiceCIDRs: forbidden"));
         n.listed(Part::ServiceCidrs);
         n.listed(Part::ApiServer);
+        n.listed(Part::Services);
+        n.listed(Part::CalicoPools);
+        assert!(!n.ready(), "CiliumNodes not listed yet");
+        n.listed(Part::CiliumNodes);
         assert!(n.ready());
         assert_eq!(
             n.current().classify(ip("10.201.1.7")),

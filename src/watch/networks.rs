@@ -1,15 +1,19 @@
 //! The watches of the local cluster's own networks (see `state::networks`): Nodes (addresses and
-//! pod CIDRs), ServiceCIDRs, and the API server's EndpointSlices (`default/kubernetes`). Only
-//! what names a network (and a node's zone) is kept of each object. A change after the first listing queues every
+//! pod CIDRs), ServiceCIDRs, the API server's EndpointSlices (`default/kubernetes`), every
+//! Service's external and load-balancer IPs, and the pod pools of the CNIs that publish them
+//! elsewhere (Calico's IPPools, Cilium's CiliumNodes: an API not served is an empty part, and
+//! is asked again with the watcher's backoff in case it is installed later). Only what names a
+//! network (and a node's zone) is kept of each object, and nothing of an object that names none. A change after the first listing queues every
 //! key, so an address that became local leaves every follower and import at once.
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -27,7 +31,22 @@ const API_SERVICE: &str = "kubernetes";
 /// The label naming a node's zone.
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
-/// Starts the three watches.
+/// Calico's IPPools (`spec.cidr`).
+fn calico_pools() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "crd.projectcalico.org",
+        "v1",
+        "IPPool",
+    ))
+}
+
+/// Cilium's CiliumNodes (`spec.ipam.podCIDRs`, and `spec.ipam.pools.allocated[].cidrs` in its
+/// multi-pool mode).
+fn cilium_nodes() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("cilium.io", "v2", "CiliumNode"))
+}
+
+/// Starts the watches.
 pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u32) {
     let cfg = watcher::Config::default().timeout(timeout);
     follow(
@@ -46,7 +65,9 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         Part::ServiceCidrs,
         service_cidr,
     );
-    let api_slices = cfg.labels(&format!("kubernetes.io/service-name={API_SERVICE}"));
+    let api_slices = cfg
+        .clone()
+        .labels(&format!("kubernetes.io/service-name={API_SERVICE}"));
     follow(
         sup,
         ctl,
@@ -54,6 +75,30 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         api_slices,
         Part::ApiServer,
         api_server,
+    );
+    follow(
+        sup,
+        ctl,
+        Api::<Service>::all(local.clone()),
+        cfg.clone(),
+        Part::Services,
+        service,
+    );
+    follow(
+        sup,
+        ctl,
+        Api::<DynamicObject>::all_with(local.clone(), &calico_pools()),
+        cfg.clone(),
+        Part::CalicoPools,
+        calico_pool,
+    );
+    follow(
+        sup,
+        ctl,
+        Api::<DynamicObject>::all_with(local.clone(), &cilium_nodes()),
+        cfg,
+        Part::CiliumNodes,
+        cilium_node,
     );
 }
 
@@ -65,12 +110,13 @@ fn follow<K>(
     part: Part,
     extract: fn(&K) -> Entry,
 ) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let ctl = Arc::clone(ctl);
     let name = format!("local {} watch", part.what());
     sup.spawn_until_shutdown(name, async move {
         let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
+        let mut said_not_served = false;
         while let Some(event) = stream.next().await {
             let networks = &ctl.local().networks;
             let was_ready = networks.ready();
@@ -80,9 +126,9 @@ fn follow<K>(
                     false
                 }
                 Ok(Event::InitApply(o) | Event::Apply(o)) => {
-                    networks.apply(part, o.name_any(), extract(&o))
+                    networks.apply(part, key(&o), extract(&o))
                 }
-                Ok(Event::Delete(o)) => networks.delete(part, &o.name_any()),
+                Ok(Event::Delete(o)) => networks.delete(part, &key(&o)),
                 Ok(Event::InitDone) => networks.listed(part),
                 Err(e) if part == Part::ServiceCidrs && not_served(&e) => {
                     info!(
@@ -93,6 +139,13 @@ fn follow<K>(
                         ctl.enqueue_everything();
                     }
                     std::future::pending::<bool>().await
+                }
+                Err(e) if optional(part) && not_served(&e) => {
+                    if !said_not_served {
+                        info!("the local cluster does not serve {}: none of its networks there", part.what());
+                        said_not_served = true;
+                    }
+                    networks.listed(part)
                 }
                 Err(e) => {
                     warn!(error = %e, "local {} watch failed; retrying (no remote address is admitted until it is listed)", part.what());
@@ -109,6 +162,16 @@ fn follow<K>(
             }
         }
     });
+}
+
+/// A part some clusters do not serve at all (a CNI's own API).
+fn optional(part: Part) -> bool {
+    matches!(part, Part::CalicoPools | Part::CiliumNodes)
+}
+
+/// An object's key in its part: namespace/name (cluster-scoped: /name).
+fn key<K: Resource>(o: &K) -> String {
+    format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())
 }
 
 fn not_served(e: &watcher::Error) -> bool {
@@ -180,10 +243,132 @@ fn api_server(s: &EndpointSlice) -> Entry {
     }
 }
 
+/// A Service's `externalIPs` and load-balancer ingress IPs (a hostname ingress names no IP).
+fn service(s: &Service) -> Entry {
+    let external = s.spec.as_ref().and_then(|s| s.external_ips.as_ref());
+    let ingress = s
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    let texts = external
+        .into_iter()
+        .flatten()
+        .chain(ingress.into_iter().flatten().filter_map(|i| i.ip.as_ref()));
+    Entry {
+        addresses: ips(texts, Refusal::LocalServiceAddress),
+        ..Entry::default()
+    }
+}
+
+/// The strings at `path` of an object's data, one level of arrays flattened at each `[]` step.
+fn strings_at<'a>(data: &'a serde_json::Value, path: &[&str]) -> Vec<&'a String> {
+    let mut here = vec![data];
+    for step in path {
+        here = here
+            .into_iter()
+            .flat_map(|v| match (*step, v) {
+                ("[]", serde_json::Value::Array(items)) => items.iter().collect(),
+                ("[]", _) => vec![],
+                (field, v) => v.get(field).into_iter().collect(),
+            })
+            .collect();
+    }
+    here.into_iter()
+        .filter_map(|v| match v {
+            serde_json::Value::String(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A Calico IPPool's CIDR.
+fn calico_pool(o: &DynamicObject) -> Entry {
+    Entry {
+        nets: nets(
+            strings_at(&o.data, &["spec", "cidr"]),
+            Refusal::LocalPodNetwork,
+        ),
+        ..Entry::default()
+    }
+}
+
+/// A CiliumNode's pod CIDRs (cluster-pool mode) and its multi-pool allocations.
+fn cilium_node(o: &DynamicObject) -> Entry {
+    let cluster_pool = strings_at(&o.data, &["spec", "ipam", "podCIDRs", "[]"]);
+    let multi_pool = strings_at(
+        &o.data,
+        &["spec", "ipam", "pools", "allocated", "[]", "cidrs", "[]"],
+    );
+    Entry {
+        nets: nets(
+            cluster_pool.into_iter().chain(multi_pool),
+            Refusal::LocalPodNetwork,
+        ),
+        ..Entry::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_service_gives_its_external_and_load_balancer_ips() {
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.9", "externalIPs": ["198.51.100.4", "not-an-ip"]},
+            "status": {"loadBalancer": {"ingress": [
+                {"ip": "203.0.113.7"}, {"hostname": "lb.example.com"},
+            ]}},
+        }))
+        .unwrap();
+        let got: Vec<String> = service(&s)
+            .addresses
+            .iter()
+            .map(|(ip, _)| ip.to_string())
+            .collect();
+        assert_eq!(got, ["198.51.100.4", "203.0.113.7"]);
+        let plain: Service = serde_json::from_value(json!({"metadata": {"name": "db"}})).unwrap();
+        assert_eq!(service(&plain), Entry::default());
+    }
+
+    #[test]
+    fn the_cnis_pools_are_pod_networks() {
+        let pool: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "crd.projectcalico.org/v1", "kind": "IPPool",
+            "metadata": {"name": "default-ipv4-ippool"},
+            "spec": {"cidr": "192.168.0.0/16", "ipipMode": "Always"},
+        }))
+        .unwrap();
+        assert_eq!(
+            calico_pool(&pool).nets,
+            vec![("192.168.0.0/16".parse().unwrap(), Refusal::LocalPodNetwork)]
+        );
+        let node: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+            "metadata": {"name": "node-1"},
+            "spec": {"ipam": {
+                "podCIDRs": ["10.0.1.0/24"],
+                "pools": {"allocated": [{"pool": "default", "cidrs": ["10.10.0.0/27", "10.10.0.32/27"]}]},
+            }},
+        }))
+        .unwrap();
+        let got: Vec<String> = cilium_node(&node)
+            .nets
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(got, ["10.0.1.0/24", "10.10.0.0/27", "10.10.0.32/27"]);
+        // a shape it does not know names nothing
+        let odd: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+            "metadata": {"name": "node-2"}, "spec": {"ipam": {"podCIDRs": "10.0.2.0/24"}},
+        }))
+        .unwrap();
+        assert_eq!(cilium_node(&odd), Entry::default());
+    }
 
     #[test]
     fn a_node_gives_its_addresses_and_pod_cidrs() {

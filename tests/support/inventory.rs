@@ -5,13 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
 
-use super::{client, eventually, repo_root};
+use super::repo_root;
 
 /// The CRD's file in [`folder`], as upstream names it.
 pub const CRD_FILE: &str = "multicluster.x-k8s.io_clusterprofiles.yaml";
@@ -65,30 +62,5 @@ pub async fn install_crd(context: &str) {
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let crd: CustomResourceDefinition =
         serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let name = crd.name_any();
-    let api: Api<CustomResourceDefinition> = Api::all(client(context).await);
-    api.patch(
-        &name,
-        &PatchParams::apply("xcc-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{context}: apply the CRD {name}: {e}"));
-    eventually(
-        &format!("{context}: CRD {name} established"),
-        Duration::from_secs(60),
-        || async {
-            let c = api.get(&name).await.map_err(|e| e.to_string())?;
-            let conditions = c.status.and_then(|s| s.conditions).unwrap_or_default();
-            if conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-            {
-                Ok(())
-            } else {
-                Err(format!("conditions {conditions:?}"))
-            }
-        },
-    )
-    .await;
+    super::objects::apply_crd(context, &crd).await;
 }

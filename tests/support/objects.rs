@@ -1,6 +1,10 @@
-//! The remote objects tests export: one definition of a leader and of a remote EndpointSlice.
+//! The remote objects tests export: one definition of a leader and of a remote EndpointSlice;
+//! and CRDs applied to a cluster of the bed.
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::obj;
@@ -56,4 +60,55 @@ pub fn remote_slice(svc: &str, name: &str, ips: &[impl AsRef<str>]) -> EndpointS
         json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
         ips.iter().map(|ip| endpoint(ip.as_ref())).collect(),
     )
+}
+
+/// Applies a CRD to `context`, a cluster of the bed (server-side apply: running it again changes
+/// nothing), and waits until the API server calls it Established.
+pub async fn apply_crd(context: &str, crd: &CustomResourceDefinition) {
+    let name = crd.name_any();
+    let api: Api<CustomResourceDefinition> = Api::all(super::client(context).await);
+    api.patch(
+        &name,
+        &PatchParams::apply("xcc-test").force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{context}: apply the CRD {name}: {e}"));
+    super::eventually(
+        &format!("{context}: CRD {name} established"),
+        std::time::Duration::from_secs(60),
+        || async {
+            let c = api.get(&name).await.map_err(|e| e.to_string())?;
+            let conditions = c.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
+                Ok(())
+            } else {
+                Err(format!("conditions {conditions:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// A cluster-scoped CRD `<plural>.<group>` of kind `kind`, version `version`, whose objects keep
+/// any field (a stand-in for a CNI's own CRD, of which the daemon reads a few fields).
+pub fn open_crd(group: &str, version: &str, kind: &str, plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Cluster",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{
+                "name": version, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .expect("a CRD")
 }

@@ -120,9 +120,12 @@ pub fn writer_needs() -> Rights {
         ),
         ("namespaces", RO),
         // the local networks no remote address may be in: nodes' addresses and pod CIDRs, the
-        // ServiceCIDRs (the API server's endpoints are endpointslices of default/kubernetes)
+        // ServiceCIDRs, Calico's and Cilium's pod pools (the API server's endpoints are
+        // endpointslices of default/kubernetes; Services' external IPs are services)
         ("nodes", &["list", "watch"]),
         ("servicecidrs.networking.k8s.io", &["list", "watch"]),
+        ("ippools.crd.projectcalico.org", &["list", "watch"]),
+        ("ciliumnodes.cilium.io", &["list", "watch"]),
         // update: a renewed remote token is written back into its Secret (tokenRenewal)
         ("secrets", &["get", "list", "update", "watch"]),
         ("services", RW),

@@ -74,6 +74,77 @@ fn local_addresses_are_refused_whatever_the_allowlist() {
 }
 
 #[test]
+fn cloud_platform_endpoints_are_refused_whatever_the_allowlist() {
+    let wide = AddressPolicy {
+        allowed: parse_cidrs("0.0.0.0/0,::/0").unwrap(),
+        strict: true,
+    };
+    let l = LocalNetworks::default();
+    for platform in [
+        "100.100.100.200",
+        "168.63.129.16",
+        "fd00:ec2::254",
+        "fd00:ec2::253",
+        "fd00:ec2::123",
+        "fd20:ce::254",
+        // the same, written otherwise
+        "FD00:EC2:0:0:0:0:0:254",
+        "::ffff:168.63.129.16",
+    ] {
+        assert_eq!(
+            wide.judge(platform, &l),
+            Err(Refusal::Platform),
+            "{platform}"
+        );
+    }
+    // exact addresses: their neighbours may be a pod's (100.64.0.0/10 carries pods on EKS)
+    for neighbour in [
+        "100.100.100.201",
+        "168.63.129.17",
+        "fd00:ec2::255",
+        "fd20:ce::253",
+    ] {
+        assert_eq!(wide.judge(neighbour, &l), Ok(()), "{neighbour}");
+    }
+}
+
+#[test]
+fn a_nat64_address_is_judged_as_the_ipv4_address_it_embeds() {
+    let open = AddressPolicy::default();
+    let l = local();
+    // 64:ff9b::/96 + 10.250.2.1 (the local API server), + 10.202.7.9 (a local pod)
+    assert_eq!(
+        open.judge("64:ff9b::afa:201", &l),
+        Err(Refusal::LocalApiServer)
+    );
+    assert_eq!(
+        open.judge("64:ff9b::10.202.7.9", &l),
+        Err(Refusal::LocalPodNetwork)
+    );
+    assert_eq!(
+        open.judge("64:ff9b::169.254.169.254", &l),
+        Err(Refusal::Reserved)
+    );
+    assert_eq!(
+        open.judge("64:ff9b::100.100.100.200", &l),
+        Err(Refusal::Platform)
+    );
+    assert_eq!(open.judge("64:ff9b::127.0.0.1", &l), Err(Refusal::Reserved));
+    // a remote's own IPv4 network reached through NAT64 is judged by its allowlist
+    let own = AddressPolicy {
+        allowed: parse_cidrs("10.77.0.0/16").unwrap(),
+        strict: true,
+    };
+    assert_eq!(own.judge("64:ff9b::10.77.0.5", &l), Ok(()));
+    assert_eq!(
+        own.judge("64:ff9b::10.78.0.5", &l),
+        Err(Refusal::NotAllowed)
+    );
+    // outside the well-known prefix, an IPv6 address is itself
+    assert_eq!(open.judge("64:ff9c::10.202.7.9", &l), Ok(()));
+}
+
+#[test]
 fn an_allowlist_admits_only_its_networks_and_strict_mode_needs_one() {
     let l = local();
     let east = AddressPolicy {
@@ -158,8 +229,10 @@ fn every_reason_is_listed() {
         Refusal::LocalPodNetwork,
         Refusal::LocalServiceNetwork,
         Refusal::LocalApiServer,
+        Refusal::LocalServiceAddress,
         Refusal::LocalConfigured,
         Refusal::Reserved,
+        Refusal::Platform,
         Refusal::NotAllowed,
         Refusal::NoAllowlist,
         Refusal::Fqdn,
