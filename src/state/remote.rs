@@ -281,6 +281,20 @@ impl RemoteState {
             .count()
     }
 
+    /// The Services it exports in the mirrored namespaces that no follower may be, their
+    /// namespace or name being a top-level domain (`desired::names`), sorted.
+    pub fn refused_names(&self) -> Vec<GroupKey> {
+        let mut keys: Vec<GroupKey> = self
+            .services
+            .read()
+            .keys()
+            .filter(|k| self.in_scope(&k.0) && self.opts.public_name(&k.0, &k.1).is_some())
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
     pub fn in_scope(&self, namespace: &str) -> bool {
         crate::desired::in_scope(&self.namespaces, namespace)
     }
