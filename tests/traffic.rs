@@ -526,14 +526,14 @@ async fn a_leader_with_reserved_labels_adds_no_address_to_another_imports_name()
 /// Issue 37, item 3: a remote's names never make a local pod's look-up of a public name answer.
 /// Pods resolve `github.com` (one dot, `ndots:5`) first under their search list; CoreDNS reads
 /// `github.com.<ns>.svc.cluster.local` as the endpoint `github` of the Service `com` in `<ns>`,
-/// and `github.com.svc.cluster.local` as the Service `github` of the namespace `com`. East
+/// and `gitlab.com.svc.cluster.local` as the Service `gitlab` of the namespace `com`. East
 /// exports both shapes: a headless `com` in the test's namespace whose endpoint's hostname is
-/// `github`, and a headless `github` in a namespace `com` (east only), which west's daemon may
+/// `github`, and a headless `gitlab` in a namespace `com` (east only), which west's daemon may
 /// create (`--create-namespaces`). Neither is mirrored: a west pod's resolver (a real
-/// `getaddrinfo`, `load resolve`) gets none of east's addresses for `github.com`, and west has no
-/// namespace `com`. A control export named `checkout`, written after the daemon's decision on
-/// both, is mirrored and answers: once a west pod resolves it, CoreDNS has seen every follower
-/// written before it.
+/// `getaddrinfo`, `load resolve`) gets none of east's addresses for `github.com` or
+/// `gitlab.com` (each name answers through one shape only), and west has no namespace `com`.
+/// A control export named `checkout`, written after the daemon's decision on both, is mirrored
+/// and answers: once a west pod resolves it, CoreDNS has seen every follower written before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
     use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -559,7 +559,7 @@ async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
         .expect("namespace com in east");
     client_pod(&west, &ns.name).await;
     headless_export(&east, &ns.name, TLD, BY_NAME, Some("github")).await;
-    headless_export(&east, TLD, "github", BY_NAMESPACE, None).await;
+    headless_export(&east, TLD, "gitlab", BY_NAMESPACE, None).await;
 
     let args = with_args(
         with_flag(
@@ -578,7 +578,7 @@ async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
     let daemon = Daemon::start(&args).await;
     // the daemon's decision on both keys: refused (its log says so for each: the Events on
     // its Lease are one per interval), or, without the defence, mirrored (both followers in west)
-    let keys = [format!("{}/{TLD}", ns.name), format!("{TLD}/github")];
+    let keys = [format!("{}/{TLD}", ns.name), format!("{TLD}/gitlab")];
     let services = |n: &str| Api::<Service>::namespaced(west.clone(), n);
     let mirrored = eventually("the daemon to decide on both names", WAIT, || async {
         let logs = daemon.logs();
@@ -590,7 +590,7 @@ async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
             return Ok(false);
         }
         let by_name = services(&ns.name).get_opt(TLD).await.ok().flatten();
-        let by_ns = services(TLD).get_opt("github").await.ok().flatten();
+        let by_ns = services(TLD).get_opt("gitlab").await.ok().flatten();
         match (by_name, by_ns) {
             (Some(_), Some(_)) => Ok(true),
             (a, b) => Err(format!(
@@ -619,21 +619,31 @@ async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
         },
     )
     .await;
-    // the public name: no answer from east (on the bed, no answer at all: no upstream)
-    let got = resolve_from(WEST, &ns.name, "github.com").await;
-    let from_east: Vec<&String> = got
-        .iter()
-        .flatten()
-        .filter(|a| [BY_NAME, BY_NAMESPACE].contains(&a.as_str()))
-        .collect();
-    assert!(
-        from_east.is_empty() && !mirrored,
-        "a west pod resolved github.com to east's {from_east:?} (followers mirrored: {mirrored})"
-    );
+    // the public names: no answer from east (on the bed, no answer at all: no upstream)
+    let mut answers = Vec::new();
+    let mut hijacked = Vec::new();
+    for (name, east_address) in [("github.com", BY_NAME), ("gitlab.com", BY_NAMESPACE)] {
+        let got = resolve_from(WEST, &ns.name, name).await;
+        if got
+            .as_ref()
+            .is_ok_and(|a| a.iter().any(|a| a == east_address))
+        {
+            hijacked.push(format!("{name} -> {got:?}"));
+        }
+        answers.push(match &got {
+            Ok(addresses) => format!("{name}: {addresses:?}"),
+            Err(e) => format!(
+                "{name}: no answer ({})",
+                e.lines().next().unwrap_or_default()
+            ),
+        });
+    }
     let west_com = Api::<Namespace>::all(west.clone()).get_opt(TLD).await;
     assert!(
-        matches!(west_com, Ok(None)),
-        "west has a namespace {TLD}: {west_com:?}"
+        hijacked.is_empty() && !mirrored && matches!(west_com, Ok(None)),
+        "a west pod resolved public names to east's addresses: {hijacked:?}; followers mirrored: \
+         {mirrored}; west's namespace {TLD}: {:?}",
+        west_com.map(|n| n.map(|n| n.metadata.name))
     );
     let readyz = daemon.readyz().map(|(_, body)| body).unwrap_or_default();
     let line = readyz
@@ -668,11 +678,12 @@ async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
     conclude(
         Report {
             id: "95-contain-public-names-dns",
-            scenario: "A remote exports a headless Service `com` whose endpoint's hostname is github (github.com.<ns>.svc.cluster.local), and a Service github in a namespace `com` (github.com.svc.cluster.local): a west pod's github.com would answer with east's addresses",
-            done: "a daemon reading east with --create-namespaces; a west pod resolves github.com with getaddrinfo (load resolve) once a control export written after the decision resolves",
+            scenario: "A remote exports a headless Service `com` whose endpoint's hostname is github (github.com.<ns>.svc.cluster.local), and a Service gitlab in a namespace `com` (gitlab.com.svc.cluster.local): a west pod's github.com and gitlab.com would answer with east's addresses",
+            done: "a daemon reading east with --create-namespaces; a west pod resolves github.com and gitlab.com with getaddrinfo (load resolve) once a control export written after the decision resolves",
             converge: Some(decided),
             note: format!(
-                "both refused (PublicNameRefused Events, xcc_skipped_total {counted}, one /readyz line); github.com resolved to {got:?}, none of east's; no namespace com in west; the control github.checkout answered {CONTROL}"
+                "both refused (PublicNameRefused Events, xcc_skipped_total {counted}, one /readyz line); {}, none of east's; no namespace com in west; the control github.checkout answered {CONTROL}",
+                answers.join("; ")
             ),
         },
         &Lost::nothing_to_lose(),
