@@ -365,6 +365,27 @@ mod tests {
     }
 
     #[test]
+    fn the_names_refused_are_those_named_like_top_level_domains_in_scope() {
+        // namespace "a" is no TLD; "com" and "dev" are
+        let state = RemoteState::new("east", crate::fixtures::opts(), vec![]);
+        listed(&state, &["web", "com", "dev", "checkout"]);
+        let refused = |s: &RemoteState| s.refused_names();
+        let key = |n: &str| ("a".to_string(), n.to_string());
+        assert_eq!(refused(&state), [key("com"), key("dev")]);
+        let allowed = crate::desired::containment::Containment {
+            allowed_tld_names: vec!["dev".into()],
+            ..Default::default()
+        };
+        let opts = crate::fixtures::opts().with_containment(allowed);
+        let state = RemoteState::new("east", opts, vec!["b".into()]);
+        listed(&state, &["com"]);
+        assert!(refused(&state).is_empty(), "namespace a is not mirrored");
+        let state = RemoteState::new("east", state.opts.clone(), vec![]);
+        listed(&state, &["com", "dev"]);
+        assert_eq!(refused(&state), [key("com")]);
+    }
+
+    #[test]
     fn the_probe_finds_endpoints_of_services_exported_either_way() {
         use crate::fixtures::{loaded, obj};
         let state = RemoteState::new("east", crate::fixtures::opts(), vec![]).with_mcs(true, None);
