@@ -519,8 +519,14 @@ pub fn ctx(
             cancel: tokio_util::sync::CancellationToken::new(),
         });
     }
+    // the fixtures' namespace `shop` is a top-level domain: allowed, as an operator would
+    // (`--allow-tld-names=shop`)
+    let allowed = crate::desired::containment::Containment {
+        allowed_tld_names: vec!["shop".into()],
+        ..Default::default()
+    };
     Ctx {
-        opts: opts(),
+        opts: opts().with_containment(allowed),
         namespaces: Vec::new(),
         remotes: Arc::new(registry),
         local,

@@ -83,13 +83,13 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
     forbidden("create", svcs.create(&PostParams::default(), &svc).await);
     let admin_svcs: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
     admin_svcs
-        .create(&PostParams::default(), &support::exported("shop", 80))
+        .create(&PostParams::default(), &support::exported("storefront", 80))
         .await
         .unwrap();
     forbidden(
         "patch",
         svcs.patch(
-            "shop",
+            "storefront",
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
         )
@@ -98,18 +98,18 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
     forbidden(
         "update",
         svcs.replace(
-            "shop",
+            "storefront",
             &PostParams::default(),
-            &admin_svcs.get("shop").await.unwrap(),
+            &admin_svcs.get("storefront").await.unwrap(),
         )
         .await,
     );
     forbidden(
         "delete",
-        svcs.delete("shop", &DeleteParams::default()).await,
+        svcs.delete("storefront", &DeleteParams::default()).await,
     );
     let slice: EndpointSlice = obj(
-        json!({"metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "shop"}},
+        json!({"metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "storefront"}},
         "addressType": "IPv4", "endpoints": []}),
     );
     forbidden(
@@ -152,7 +152,7 @@ async fn remote_access_gives_a_read_only_kubeconfig_the_daemon_runs_with() {
     let follower = eventually(
         "the follower, read through the read-only token",
         Duration::from_secs(30),
-        || present(&local, "shop"),
+        || present(&local, "storefront"),
     )
     .await;
     assert_eq!(
@@ -687,7 +687,7 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
         &["--remote-token-renew-before", "11m"],
     );
     let mut d = Daemon::start_secrets_only(&args).await;
-    follower_converges(&local, &remote, "shop").await;
+    follower_converges(&local, &remote, "storefront").await;
     let expiry = |d: &Daemon| {
         d.gauge(
             "xcc_remote_credential_expiry_timestamp_seconds",
@@ -731,7 +731,7 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     )
     .await;
     assert!(d.metric("xcc_remote_changes_total", &[("change", "rotated")]) >= 1.0);
-    present(&local, "shop")
+    present(&local, "storefront")
         .await
         .expect("the follower stays through the rotation");
     follower_converges(&local, &remote, "cart").await;
@@ -775,7 +775,7 @@ async fn the_daemon_renews_a_remote_access_token_before_it_expires_and_after_a_r
     )
     .await;
     follower_converges(&local, &remote, "after-second-renewal").await;
-    for f in ["shop", "cart", "after-restart"] {
+    for f in ["storefront", "cart", "after-restart"] {
         present(&local, f).await.expect("every follower kept");
     }
     // every renewal the restarted daemon counted, of any outcome, renewed

@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use support::daemon::{Daemon, args_for, free_port, with_flag};
+use support::daemon::{Daemon, args_for, free_port, with_args, with_flag};
 use support::fault::{Lost, Report, conclude, snapshot};
 use support::node::{
     LOAD_IMAGE, WEB_IMAGE, api_port, chart_image, exec, lease_holder, node_cluster,
@@ -521,6 +521,220 @@ async fn a_leader_with_reserved_labels_adds_no_address_to_another_imports_name()
             .filter(|o| *o != format!("EndpointSlice {}/db-1", ns.name))
             .collect::<Vec<_>>(),
     );
+}
+
+/// Issue 37, item 3: a remote's names never make a local pod's look-up of a public name answer.
+/// Pods resolve `github.com` (one dot, `ndots:5`) first under their search list; CoreDNS reads
+/// `github.com.<ns>.svc.cluster.local` as the endpoint `github` of the Service `com` in `<ns>`,
+/// and `gitlab.com.svc.cluster.local` as the Service `gitlab` of the namespace `com`. East
+/// exports both shapes: a headless `com` in the test's namespace whose endpoint's hostname is
+/// `github`, and a headless `gitlab` in a namespace `com` (east only), which west's daemon may
+/// create (`--create-namespaces`). Neither is mirrored: a west pod's resolver (a real
+/// `getaddrinfo`, `load resolve`) gets none of east's addresses for `github.com` or
+/// `gitlab.com` (each name answers through one shape only), and west has no namespace `com`.
+/// A control export named `checkout`, written after the daemon's decision on both, is mirrored
+/// and answers: once a west pod resolves it, CoreDNS has seen every follower written before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_cannot_make_a_public_name_answer_in_local_pods() {
+    use k8s_openapi::api::core::v1::{Namespace, Service};
+    const TLD: &str = "com";
+    // east's addresses under the two public-name shapes, and under the control
+    const BY_NAME: &str = "10.77.0.31";
+    const BY_NAMESPACE: &str = "10.77.0.32";
+    const CONTROL: &str = "10.77.0.33";
+    clusters().await;
+    let _east_up = EAST_UP.read().await;
+    let _tld_ns = TLD_NAMESPACE.lock().await;
+    let ns = namespace_in("traffic-names", &[EAST, WEST]).await;
+    let (east, west) = (client(EAST).await, client(WEST).await);
+    // a namespace named like a TLD, in east only (gone from both first: a run without the
+    // defence leaves it in west)
+    for c in [&east, &west] {
+        gone_namespace(c, TLD).await;
+    }
+    let com = obj(json!({"metadata": {"name": TLD, "labels": {"xcc-test": "true"}}}));
+    Api::<Namespace>::all(east.clone())
+        .create(&PostParams::default(), &com)
+        .await
+        .expect("namespace com in east");
+    client_pod(&west, &ns.name).await;
+    headless_export(&east, &ns.name, TLD, BY_NAME, Some("github")).await;
+    headless_export(&east, TLD, "gitlab", BY_NAMESPACE, None).await;
+
+    let args = with_args(
+        with_flag(
+            with_flag(
+                with_flag(args_for(&ns.name), "--local-context", WEST),
+                "--remote-context",
+                EAST,
+            ),
+            "--watch-namespace",
+            &format!("{},{TLD}", ns.name),
+        ),
+        &["--create-namespaces"],
+    );
+    let before = snapshot(&west, &[&ns.name]).await;
+    let t0 = std::time::Instant::now();
+    let daemon = Daemon::start(&args).await;
+    // the daemon's decision on both keys: refused (its log says so for each: the Events on
+    // its Lease are one per interval), or, without the defence, mirrored (both followers in west)
+    let keys = [format!("{}/{TLD}", ns.name), format!("{TLD}/gitlab")];
+    let services = |n: &str| Api::<Service>::namespaced(west.clone(), n);
+    let mirrored = eventually("the daemon to decide on both names", WAIT, || async {
+        let logs = daemon.logs();
+        let refused = |k: &String| {
+            logs.lines()
+                .any(|l| l.contains("PublicNameRefused") && l.contains(k.as_str()))
+        };
+        if keys.iter().all(refused) {
+            return Ok(false);
+        }
+        let by_name = services(&ns.name).get_opt(TLD).await.ok().flatten();
+        let by_ns = services(TLD).get_opt("gitlab").await.ok().flatten();
+        match (by_name, by_ns) {
+            (Some(_), Some(_)) => Ok(true),
+            (a, b) => Err(format!(
+                "refused: {:?}; followers: {}, {}",
+                keys.iter().map(refused).collect::<Vec<_>>(),
+                a.is_some(),
+                b.is_some()
+            )),
+        }
+    })
+    .await;
+    let decided = t0.elapsed();
+    // the control, exported after that decision
+    headless_export(&east, &ns.name, "checkout", CONTROL, Some("github")).await;
+    wait_client(&west, &ns.name).await;
+    eventually(
+        "a west pod to resolve github.checkout (the control)",
+        WAIT,
+        || async {
+            let got = resolve_from(WEST, &ns.name, "github.checkout").await?;
+            if got == [CONTROL] {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
+    .await;
+    // the public names: no answer from east (on the bed, no answer at all: no upstream)
+    let mut answers = Vec::new();
+    let mut hijacked = Vec::new();
+    for (name, east_address) in [("github.com", BY_NAME), ("gitlab.com", BY_NAMESPACE)] {
+        let got = resolve_from(WEST, &ns.name, name).await;
+        if got
+            .as_ref()
+            .is_ok_and(|a| a.iter().any(|a| a == east_address))
+        {
+            hijacked.push(format!("{name} -> {got:?}"));
+        }
+        answers.push(match &got {
+            Ok(addresses) => format!("{name}: {addresses:?}"),
+            Err(e) => format!(
+                "{name}: no answer ({})",
+                e.lines().next().unwrap_or_default()
+            ),
+        });
+    }
+    let west_com = Api::<Namespace>::all(west.clone()).get_opt(TLD).await;
+    assert!(
+        hijacked.is_empty() && !mirrored && matches!(west_com, Ok(None)),
+        "a west pod resolved public names to east's addresses: {hijacked:?}; followers mirrored: \
+         {mirrored}; west's namespace {TLD}: {:?}",
+        west_com.map(|n| n.map(|n| n.metadata.name))
+    );
+    let readyz = daemon.readyz().map(|(_, body)| body).unwrap_or_default();
+    let line = readyz
+        .lines()
+        .find(|l| l.contains("top-level domain"))
+        .unwrap_or_else(|| panic!("no refusal on /readyz:\n{readyz}"));
+    assert!(
+        keys.iter().all(|k| line.contains(k.as_str())),
+        "/readyz does not name both: {line}"
+    );
+    let notes = support::event_notes(WEST, &ns.name, "PublicNameRefused", None)
+        .await
+        .expect("a refusal Event on the daemon's Lease");
+    assert!(
+        notes.iter().any(|n| n.contains("top-level domain")),
+        "{notes:?}"
+    );
+    let counted = daemon.metric(
+        "xcc_skipped_total",
+        &[("remote", EAST), ("reason", "PublicNameRefused")],
+    );
+    assert!(
+        counted >= 2.0,
+        "xcc_skipped_total PublicNameRefused: {counted}"
+    );
+    let after = snapshot(&west, &[&ns.name]).await;
+    for c in [&east, &west] {
+        let _ = Api::<Namespace>::all(c.clone())
+            .delete(TLD, &DeleteParams::background())
+            .await;
+    }
+    conclude(
+        Report {
+            id: "95-contain-public-names-dns",
+            scenario: "A remote exports a headless Service `com` whose endpoint's hostname is github (github.com.<ns>.svc.cluster.local), and a Service gitlab in a namespace `com` (gitlab.com.svc.cluster.local): a west pod's github.com and gitlab.com would answer with east's addresses",
+            done: "a daemon reading east with --create-namespaces; a west pod resolves github.com and gitlab.com with getaddrinfo (load resolve) once a control export written after the decision resolves",
+            converge: Some(decided),
+            note: format!(
+                "both refused (PublicNameRefused Events, xcc_skipped_total {counted}, one /readyz line); {}, none of east's; no namespace com in west; the control github.checkout answered {CONTROL}",
+                answers.join("; ")
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
+}
+
+/// The namespace `com` is one per cluster: one test at a time may make it.
+static TLD_NAMESPACE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Namespace `name` of `c` is gone (deleted if there, and waited for).
+async fn gone_namespace(c: &Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(c.clone());
+    let _ = api.delete(name, &DeleteParams::background()).await;
+    eventually(&format!("namespace {name} to be gone"), WAIT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// Exports from `c` a headless Service `ns/name` (port http 80) with one ready endpoint at
+/// `address`, whose hostname is `hostname` when given, in a slice written by the test.
+async fn headless_export(c: &Client, ns: &str, name: &str, address: &str, hostname: Option<&str>) {
+    let svc = support::exported_with(
+        name,
+        json!({"clusterIP": "None", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}),
+    );
+    let pp = PostParams::default();
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.clone(), ns)
+        .create(&pp, &svc)
+        .await
+        .unwrap_or_else(|e| panic!("export {ns}/{name}: {e}"));
+    let mut endpoint = support::endpoint(address);
+    if let Some(h) = hostname {
+        endpoint["hostname"] = json!(h);
+    }
+    let slice = support::remote_slice_with(
+        name,
+        &format!("{name}-1"),
+        "IPv4",
+        json!([{"name": "http", "port": 80, "protocol": "TCP"}]),
+        vec![endpoint],
+    );
+    Api::<EndpointSlice>::namespaced(c.clone(), ns)
+        .create(&pp, &slice)
+        .await
+        .unwrap_or_else(|e| panic!("the slice of {ns}/{name}: {e}"));
 }
 
 // ---- traffic under events (issue 20, §2 b, e, f, g) ----------------------------------------

@@ -1,5 +1,6 @@
 //! The flags of what a remote may never decide here (issue 27): label lists, protected
-//! namespaces, ExternalName for the static remote.
+//! namespaces, ExternalName for the static remote; and the top-level domains a follower's
+//! namespace or name may be all the same (issue 37).
 use clap::Args;
 
 use crate::desired::check_label_entry;
@@ -33,6 +34,14 @@ pub struct ContainmentArgs {
     /// `fair.com/cross-cluster-allow-external-name: "true"`.
     #[arg(long, env = "REMOTE_ALLOW_EXTERNAL_NAME")]
     pub remote_allow_external_name: bool,
+
+    /// Top-level domains a follower's namespace or name may be (comma-separated: `dev,app`).
+    /// Without it, an export whose namespace or name is a top-level domain (`com`, `dev`, `io`,
+    /// every TLD of the ICANN list, and `internal`, `local`) is refused: its follower would
+    /// make local pods' look-ups of public names (`github.com`) answer with the remote's
+    /// endpoints. Naming one trusts every remote with the names under it in this cluster.
+    #[arg(long, env = "ALLOW_TLD_NAMES", value_delimiter = ',')]
+    pub allow_tld_names: Vec<String>,
 }
 
 impl ContainmentArgs {
@@ -68,8 +77,34 @@ impl ContainmentArgs {
             label_deny: list("--label-deny", &self.label_deny)?,
             label_allow: list("--label-allow", &self.label_allow)?,
             protected_namespaces: protected,
+            allowed_tld_names: tld_names(&self.allow_tld_names)?,
         })
     }
+}
+
+/// The `--allow-tld-names` entries, trimmed and lowercase; each must be a DNS label (what a
+/// namespace or a Service name can be).
+fn tld_names(given: &[String]) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for entry in given {
+        let label = entry.trim().to_ascii_lowercase();
+        if label.is_empty() {
+            continue;
+        }
+        let ok = label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !ok {
+            return Err(format!(
+                "--allow-tld-names: {entry:?} is not a DNS label (a namespace or Service name)"
+            ));
+        }
+        out.push(label);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -131,5 +166,24 @@ mod tests {
                 .unwrap_err()
                 .contains("--label-deny")
         );
+    }
+
+    #[test]
+    fn top_level_domains_are_refused_unless_allowed() {
+        let c = Cli::parse_from(["x"]).c.containment("ns", &[]).unwrap();
+        assert!(c.allowed_tld_names.is_empty());
+        assert!(c.public_name("com", "github").is_some());
+        assert!(c.public_name("shop-team", "dev").is_some());
+        let args = Cli::parse_from(["x", "--allow-tld-names", " Dev,app,,"]).c;
+        let c = args.containment("ns", &[]).unwrap();
+        assert_eq!(c.allowed_tld_names, ["dev", "app"]);
+        assert!(c.public_name("dev", "web").is_none());
+        assert!(c.public_name("shop-team", "app").is_none());
+        assert!(c.public_name("shop-team", "io").is_some());
+        for bad in ["a.b", "-dev", "dev_x", "*"] {
+            let args = Cli::parse_from(["x", &format!("--allow-tld-names={bad}")]).c;
+            let why = args.containment("ns", &[]).unwrap_err();
+            assert!(why.contains("--allow-tld-names"), "{bad}: {why}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! What a remote may never decide about local objects (issue 27, part 2): labels of reserved
-//! prefixes (and the operator's deny or allow list), and the namespaces the daemon never writes
-//! in. Pure: the flags build a [`Containment`], the translations ask it.
+//! prefixes (and the operator's deny or allow list), the namespaces the daemon never writes
+//! in, and the names a follower may not take (issue 37: top-level domains, see
+//! [`super::names`]). Pure: the flags build a [`Containment`], the translations ask it.
 use std::collections::BTreeMap;
 
 /// The namespaces the daemon never writes in when none are configured (its own is added).
@@ -44,6 +45,9 @@ pub struct Containment {
     pub label_allow: Vec<String>,
     /// namespaces the daemon never writes in
     pub protected_namespaces: Vec<String>,
+    /// top-level domains a follower's namespace or name may be all the same
+    /// (`--allow-tld-names`); every other one is refused
+    pub allowed_tld_names: Vec<String>,
 }
 
 impl Default for Containment {
@@ -55,6 +59,7 @@ impl Default for Containment {
                 .iter()
                 .map(|n| n.to_string())
                 .collect(),
+            allowed_tld_names: Vec::new(),
         }
     }
 }
@@ -63,6 +68,12 @@ impl Containment {
     /// Whether the daemon never writes in `namespace`.
     pub fn protected(&self, namespace: &str) -> bool {
         self.protected_namespaces.iter().any(|n| n == namespace)
+    }
+
+    /// Why no follower may be `namespace/name`, if none may: its namespace or its name is a
+    /// top-level domain the operator did not allow (see [`super::names`]).
+    pub fn public_name(&self, namespace: &str, name: &str) -> Option<super::names::PublicName> {
+        super::names::public_name(namespace, name, &self.allowed_tld_names)
     }
 
     /// Why a remote label `key` is not copied onto local objects, if it is not. `label_key` is

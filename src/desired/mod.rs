@@ -23,6 +23,7 @@ pub(crate) mod follower;
 pub mod mcs;
 mod merge;
 mod meta;
+pub mod names;
 pub(crate) mod options;
 mod outcome;
 mod service;
@@ -34,7 +35,7 @@ pub use endpoints::endpoints_change;
 pub use follower::{Follower, follower};
 pub use merge::{Conflict, ConflictKind, Export, Merged, merge, not_ready};
 pub use options::*;
-pub use outcome::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome};
+pub use outcome::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome, PUBLIC_NAME_REFUSED};
 pub use service::{ServiceChange, service_change};
 pub use slices::{probe_targets, set_slice_owner, slice_change};
 

@@ -119,6 +119,11 @@ impl Options {
         self.containment.protected(namespace)
     }
 
+    /// Why no follower may be `namespace/name` (a top-level domain), if none may.
+    pub fn public_name(&self, namespace: &str, name: &str) -> Option<super::names::PublicName> {
+        self.containment.public_name(namespace, name)
+    }
+
     /// Label selector matching remote exported Services: `<key>=true`.
     pub fn export_selector(&self) -> String {
         format!("{}={EXPORT_VALUE}", self.label_key)

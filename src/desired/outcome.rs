@@ -16,6 +16,9 @@ pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
 /// The skip reason of an exported Service in a namespace the daemon never writes in
 /// (`--protected-namespaces`).
 pub const NAMESPACE_PROTECTED: &str = "NamespaceProtected";
+/// The skip reason of an exported Service whose namespace or name is a top-level domain
+/// (`desired::names`): its follower would make local look-ups of public names answer.
+pub const PUBLIC_NAME_REFUSED: &str = "PublicNameRefused";
 
 impl Outcome {
     /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`

@@ -791,3 +791,120 @@ async fn an_export_into_a_protected_namespace_writes_nothing() {
         Outcome::Skipped(crate::desired::NAMESPACE_PROTECTED)
     );
 }
+
+// ---- names that are top-level domains (issue 37, item 3) ------------------------------------
+
+/// The exported Service `cluster_ip_service()` renamed `namespace/name`.
+fn exported_as(namespace: &str, name: &str) -> Service {
+    let mut svc = cluster_ip_service();
+    svc.metadata.namespace = Some(namespace.into());
+    svc.metadata.name = Some(name.into());
+    svc
+}
+
+fn key_of(namespace: &str, name: &str) -> Key {
+    Key {
+        mode: crate::reconcile::Mode::Follower,
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+#[tokio::test]
+async fn an_export_named_like_a_top_level_domain_gets_no_follower() {
+    for (ns, name) in [("shop", "com"), ("com", "github")] {
+        let mut s = setup(vec![exported_as(ns, name)], vec![], vec![], vec![]);
+        // not even its namespace, when asked to create missing ones
+        s.ctx.create_namespaces = true;
+        let outcome = run(&[&s.api], reconcile(&s.ctx, &key_of(ns, name)), async {
+            // no object of the key: the Event goes to the fallback reference
+            let ev = s
+                .api
+                .expect(
+                    post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                    event_created(),
+                )
+                .await;
+            assert_eq!(ev.body["reason"], "PublicNameRefused");
+            let note = ev.body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("top-level domain"), "{note}");
+            assert!(note.contains(fixtures::REMOTE), "{note}");
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Skipped("PublicNameRefused"),
+            "{ns}/{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_follower_named_like_a_top_level_domain_loses_our_slices_and_keeps_its_service() {
+    let svc = exported_as("shop", "com");
+    let mut live =
+        serde_json::to_value(desired::follower(&svc, &[], &opts()).unwrap().service).unwrap();
+    live["metadata"]["uid"] = json!("uid-com");
+    live["metadata"]["resourceVersion"] = json!("5");
+    let slice_of_com = |name: &str, managed_by: &str| {
+        let mut s = local_slice(name, managed_by, fixtures::REMOTE);
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("kubernetes.io/service-name".into(), "com".into());
+        s
+    };
+    let s = setup(
+        vec![svc],
+        vec![],
+        vec![fixtures::obj(live)],
+        vec![
+            slice_of_com("com-ours", MANAGED_BY),
+            slice_of_com("com-mirrored", "endpointslicemirroring-controller.k8s.io"),
+        ],
+    );
+    let outcome = run(
+        &[&s.api],
+        reconcile(&s.ctx, &key_of("shop", "com")),
+        async {
+            let sent = s
+                .api
+                .expect(delete(&format!("{SLICES}/com-ours")), gone())
+                .await;
+            assert_eq!(sent.body["preconditions"]["uid"], "uid-com-ours");
+            let ev = s.api.expect(post(EVENTS), event_created()).await;
+            assert_eq!(ev.body["reason"], "PublicNameRefused");
+            assert_eq!(ev.body["regarding"]["uid"], "uid-com");
+            let note = ev.body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("delete it by hand"), "{note}");
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("PublicNameRefused"));
+}
+
+#[tokio::test]
+async fn a_top_level_domain_the_operator_allows_is_mirrored() {
+    let mut s = setup(vec![exported_as("shop", "com")], vec![], vec![], vec![]);
+    let allowed = crate::desired::containment::Containment {
+        allowed_tld_names: vec!["shop".into(), "com".into()],
+        ..Default::default()
+    };
+    s.ctx.opts = s.ctx.opts.clone().with_containment(allowed);
+    let outcome = run(
+        &[&s.api],
+        reconcile(&s.ctx, &key_of("shop", "com")),
+        async {
+            let sent = s
+                .api
+                .expect(post(SERVICES), created(live_follower("new-uid", "1")))
+                .await;
+            assert_eq!(sent.body["metadata"]["name"], "com");
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+}

@@ -141,6 +141,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     {
         return leave_taken_over(ctx, key, &snap, svc, why).await;
     }
+    // a follower named like a top-level domain would answer public names: none while exported
+    // (once no remote exports it, what is left goes on proof as always)
+    if let Some(why) = ctx.opts.public_name(&key.namespace, &key.name)
+        && !snap.exporting().is_empty()
+    {
+        return refuse_public_name(ctx, key, &snap, &why.to_string()).await;
+    }
     let recorded_service = snap
         .service
         .as_ref()
@@ -274,6 +281,53 @@ async fn leave_taken_over(
         .get_or_create(&ByOutcome::new(Outcome::Conflict.label()))
         .inc();
     Ok(Outcome::Conflict)
+}
+
+/// An export whose namespace or name is a top-level domain (`desired::names`): nothing is
+/// created. A follower of it that an earlier version wrote loses our EndpointSlices and
+/// Endpoints, each by its uid, so that no name resolves to the remote's endpoints; its Service
+/// is kept (a refusal is no proof that the exported Service is gone) and named in the Event.
+/// Each exporting remote is counted and logged; the Event goes on the follower, or on the
+/// daemon's Lease when there is none (its namespace may not exist).
+async fn refuse_public_name(ctx: &Ctx, key: &Key, snap: &Snapshot, why: &str) -> Result<Outcome> {
+    let proof = snap.proof(ctx);
+    let why_gone = "its name is a top-level domain";
+    for s in &snap.slices {
+        if proof.owns(&slice_recorded(&s.metadata, &ctx.opts)) {
+            let uid = uid_of(s.as_ref())?;
+            ctx.writer
+                .delete::<EndpointSlice>(&key.namespace, &s.name_any(), &uid, why_gone)
+                .await?;
+        }
+    }
+    if let Some(ep) = snap
+        .endpoints
+        .as_ref()
+        .filter(|e| proof.owns(&recorded(&e.metadata, &ctx.opts)))
+    {
+        let uid = uid_of(ep.as_ref())?;
+        ctx.writer
+            .delete::<Endpoints>(&key.namespace, &ep.name_any(), &uid, why_gone)
+            .await?;
+    }
+    let on = snap.service.as_ref().map(|s| s.object_ref(&()));
+    let why = match on {
+        Some(_) => format!(
+            "{why}; the follower left by an earlier version keeps its Service without endpoints (delete it by hand if it should go)"
+        ),
+        None => why.to_string(),
+    };
+    for remote in snap.exporting() {
+        let reason = desired::PUBLIC_NAME_REFUSED;
+        ctx.skip(key, &remote, reason, why.clone(), on.clone())
+            .await;
+    }
+    let outcome = Outcome::Skipped(desired::PUBLIC_NAME_REFUSED);
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ByOutcome::new(outcome.label()))
+        .inc();
+    Ok(outcome)
 }
 
 /// The remote a follower's Service-level fields come from (the merge's winner, recorded).
@@ -488,7 +542,10 @@ async fn namespace_missing(
     gone: NamespaceGone,
 ) -> Result<Outcome> {
     // a namespace being deleted is not created again: it refuses every create until it is gone
-    if ctx.create_namespaces && gone == NamespaceGone::Missing {
+    // never a namespace named like a top-level domain (the pass refused its exports before
+    // this, unless the operator allowed the name)
+    let public = ctx.opts.public_name(&key.namespace, "").is_some();
+    if ctx.create_namespaces && gone == NamespaceGone::Missing && !public {
         match ctx.writer.create_namespace(&key.namespace).await {
             Ok(Written::Done(_)) => {}
             // dry run: it would create the namespace, then the follower in it

@@ -79,6 +79,11 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             }
         }
     }
+    for r in s.remotes.states() {
+        if let Some(line) = refused_names_line(&r.name, &r.refused_names()) {
+            lines.push(line);
+        }
+    }
     for (source, why) in s.remotes.problems() {
         ready = false;
         lines.push(format!("{}: {}", detail(&source), detail(&why)));
@@ -121,6 +126,32 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     };
     (code, lines.join("\n") + "\n")
 }
+
+/// The names a remote exports that no follower may take (a refusal, not a failure: readiness
+/// is unchanged), at most [`NAMES_SHOWN`] of them.
+fn refused_names_line(remote: &str, keys: &[crate::state::GroupKey]) -> Option<String> {
+    if keys.is_empty() {
+        return None;
+    }
+    let mut shown: Vec<String> = keys
+        .iter()
+        .take(NAMES_SHOWN)
+        .map(|(ns, name)| detail(&format!("{ns}/{name}")))
+        .collect();
+    if keys.len() > NAMES_SHOWN {
+        shown.push(format!("and {} more", keys.len() - NAMES_SHOWN));
+    }
+    Some(format!(
+        "remote {}: {} exported Service(s) refused, the namespace or name being a top-level domain \
+         (allow one with --allow-tld-names): {}",
+        detail(remote),
+        keys.len(),
+        shown.join(", ")
+    ))
+}
+
+/// How many refused names one /readyz line shows.
+const NAMES_SHOWN: usize = 5;
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     (
@@ -182,6 +213,20 @@ mod tests {
         assert_eq!(shown.chars().count(), DETAIL_MAX + 3);
         assert!(shown.ends_with("..."));
         assert_eq!(detail(&"a".repeat(DETAIL_MAX)), "a".repeat(DETAIL_MAX));
+    }
+
+    #[test]
+    fn refused_names_are_one_line_naming_the_remote_and_at_most_five_keys() {
+        assert_eq!(refused_names_line("east", &[]), None);
+        let keys: Vec<(String, String)> = (0..7)
+            .map(|i| (format!("ns{i}"), "com".to_string()))
+            .collect();
+        let line = refused_names_line("east\nremote west: synced", &keys).unwrap();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.starts_with("remote east\\nremote west"), "{line}");
+        assert!(line.contains("7 exported Service(s) refused"), "{line}");
+        assert!(line.contains("ns0/com, ns1/com, ns2/com, ns3/com, ns4/com, and 2 more"));
+        assert!(line.contains("--allow-tld-names"), "{line}");
     }
 
     #[tokio::test]

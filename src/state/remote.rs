@@ -281,6 +281,20 @@ impl RemoteState {
             .count()
     }
 
+    /// The Services it exports in the mirrored namespaces that no follower may be, their
+    /// namespace or name being a top-level domain (`desired::names`), sorted.
+    pub fn refused_names(&self) -> Vec<GroupKey> {
+        let mut keys: Vec<GroupKey> = self
+            .services
+            .read()
+            .keys()
+            .filter(|k| self.in_scope(&k.0) && self.opts.public_name(&k.0, &k.1).is_some())
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
     pub fn in_scope(&self, namespace: &str) -> bool {
         crate::desired::in_scope(&self.namespaces, namespace)
     }
@@ -348,6 +362,27 @@ mod tests {
         state.listed();
         assert!(!state.over_budget());
         assert_eq!(state.admit(state.budget.epoch()), Ok(()));
+    }
+
+    #[test]
+    fn the_names_refused_are_those_named_like_top_level_domains_in_scope() {
+        // namespace "a" is no TLD; "com" and "dev" are
+        let state = RemoteState::new("east", crate::fixtures::opts(), vec![]);
+        listed(&state, &["web", "com", "dev", "checkout"]);
+        let refused = |s: &RemoteState| s.refused_names();
+        let key = |n: &str| ("a".to_string(), n.to_string());
+        assert_eq!(refused(&state), [key("com"), key("dev")]);
+        let allowed = crate::desired::containment::Containment {
+            allowed_tld_names: vec!["dev".into()],
+            ..Default::default()
+        };
+        let opts = crate::fixtures::opts().with_containment(allowed);
+        let state = RemoteState::new("east", opts, vec!["b".into()]);
+        listed(&state, &["com"]);
+        assert!(refused(&state).is_empty(), "namespace a is not mirrored");
+        let state = RemoteState::new("east", state.opts.clone(), vec![]);
+        listed(&state, &["com", "dev"]);
+        assert_eq!(refused(&state), [key("com")]);
     }
 
     #[test]
