@@ -163,7 +163,8 @@ async fn remote_access_pins_the_cluster_id_and_a_server_answering_as_another_clu
     assert!(!body.contains("remote east-dr:"), "never a member: {body}");
     let note = refusal_event(&ns.name, "east-dr", &east_id, &south_id).await;
     let refusals = [("kind", "Secret"), ("reason", "PinMismatch")];
-    d.wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
+    let counted = d
+        .wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
         .await;
     // east still flows, and once a new leader of it is followed, south's never was
     export(REMOTE, &ns.name, "web-2", "web-2-1", "10.1.0.6").await;
@@ -213,7 +214,7 @@ async fn remote_access_pins_the_cluster_id_and_a_server_answering_as_another_clu
             done: "remote-access --output secret run against east (pin = east's kube-system uid), applied, east followed; then a second Secret pinning east's uid whose kubeconfig reaches south, which exports a Service",
             converge: None,
             note: format!(
-                "the pin equals east's kube-system uid; refused on /readyz {:.1} s after it was applied (\"its server answers as cluster <south>, but its Secret pins cluster <east>\"), the same in a RemoteRefused Event and in status; xcc_remote_refusals_total{{reason=PinMismatch}} 1; nothing of south followed 2 sweeps later; east's follower kept its uid, a new leader of east followed; 0 deletes",
+                "the pin equals east's kube-system uid; refused on /readyz {:.1} s after it was applied (\"its server answers as cluster <south>, but its Secret pins cluster <east>\"), the same in a RemoteRefused Event and in status; xcc_remote_refusals_total{{reason=PinMismatch}} {counted}; nothing of south followed 2 sweeps later; east's follower kept its uid, a new leader of east followed; 0 deletes",
                 shown.as_secs_f64()
             ),
         },
@@ -268,8 +269,16 @@ async fn an_impostor_joining_first_cannot_lock_the_honest_remote_out() {
     let restarted = t1.elapsed();
     let note = refusal_event(&ns.name, "a-impostor", &east_id, &south_id).await;
     let refusals = [("kind", "Secret"), ("reason", "PinMismatch")];
-    d2.wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
+    let counted = d2
+        .wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
         .await;
+    // the restarted daemon met the impostor first
+    let logs = d2.logs();
+    let (refused_at, joined_at) = (logs.find("not a usable remote"), logs.find("remote joined"));
+    assert!(
+        matches!((refused_at, joined_at), (Some(r), Some(j)) if r < j),
+        "the impostor refused before east joined:\n{logs}"
+    );
     assert_eq!(
         d2.metric("xcc_remote_changes_total", &[("change", "joined")]),
         1.0,
@@ -295,7 +304,7 @@ async fn an_impostor_joining_first_cannot_lock_the_honest_remote_out() {
             done: "a Secret pinned to south whose kubeconfig reaches east applied before the daemon started; then east's Secret made by remote-access; then the daemon SIGKILLed and started with both listed (the impostor first)",
             converge: Some(followed),
             note: format!(
-                "the impostor refused on /readyz, in a RemoteRefused Event naming both uids and xcc_remote_refusals_total{{reason=PinMismatch}}; nothing followed through it; the honest east followed {:.1} s after its Secret; after the restart the impostor refused again and east synced within {:.1} s, its follower kept its uid, a new leader followed, 0 deletes",
+                "the impostor refused on /readyz and in a RemoteRefused Event naming both uids; nothing followed through it; the honest east followed {:.1} s after its Secret; after the restart the impostor was refused first (log order) and east synced within {:.1} s, xcc_remote_refusals_total{{reason=PinMismatch}} {counted}, its follower kept its uid, a new leader followed, 0 deletes",
                 followed.as_secs_f64(),
                 restarted.as_secs_f64()
             ),
