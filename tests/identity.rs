@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use cross_cluster_controller::remotes::remote_secret::CLUSTER_ID_KEY;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use kube::api::PostParams;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use support::daemon::Daemon;
+use support::daemon::{Daemon, with_args};
 use support::fault::{Lost, Report, conclude, snapshot};
+use support::fleet::{Fleet, HUB, SECRETREADER, profiles};
 use support::metrics::WRITE_KINDS;
 use support::remotes::{
     apply_secret, export, kubeconfig_of, remote_access, remote_secret, secrets_only_args,
@@ -313,6 +314,121 @@ async fn an_impostor_joining_first_cannot_lock_the_honest_remote_out() {
         &before.non_followers_touched(&after),
     );
     eprintln!("refused: {note}");
+}
+
+/// With `--require-cluster-id-pin` a Secret that pins nothing is refused, and the pinned one
+/// beside it joins.
+#[tokio::test]
+async fn with_require_cluster_id_pin_an_unpinned_secret_is_refused() {
+    let ns = namespace_in("identity-require", &[REMOTE, LOCAL]).await;
+    export(REMOTE, &ns.name, "web", "web-1", "10.1.0.5").await;
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let secrets: Api<Secret> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let unpinned = remote_secret("bare", None, Some(&kubeconfig_of(REMOTE, |_| {}).await));
+    apply_secret(&secrets, &unpinned).await;
+    let args = with_args(secrets_only_args(&ns.name), &["--require-cluster-id-pin"]);
+    let d = Daemon::start_secrets_only(&args).await;
+    let line = format!(
+        "Secret {}/bare: not a remote: its Secret pins no cluster id and --require-cluster-id-pin is on: remote \"bare\" refused",
+        ns.name
+    );
+    readyz_shows(&d, &line, None).await;
+    let (east_secret, _) = pinned_secret(REMOTE, &ns.name, "east").await;
+    apply_secret(&secrets, &east_secret).await;
+    follower_of(&west, "web", "east").await;
+    readyz_shows(&d, &line, Some("remote east: synced")).await;
+    let refusals = [("kind", "Secret"), ("reason", "Unpinned")];
+    d.wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
+        .await;
+    assert_eq!(
+        d.metric("xcc_remote_changes_total", &[("change", "joined")]),
+        1.0,
+        "only the pinned east joined\n{}",
+        d.logs()
+    );
+}
+
+/// A ClusterProfile pins its cluster with the same annotation: one whose server answers as
+/// another cluster is refused (naming both ids, the profile and its remote), and it joins once
+/// the pin is the cluster's own.
+#[tokio::test]
+async fn a_profile_pinned_to_another_cluster_is_refused_until_its_pin_is_right() {
+    support::fleet::hub_up().await;
+    support::extra_cluster(SOUTH, "").await;
+    let ns = namespace_in("identity-profile", &[REMOTE, LOCAL, HUB, SOUTH]).await;
+    let (east_id, south_id) = (kube_system_uid(REMOTE).await, kube_system_uid(SOUTH).await);
+    let fleet = Fleet::new(&ns.name).await;
+    export(REMOTE, &ns.name, "web", "web-1", "10.1.0.5").await;
+    let west: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    decoy(&west).await;
+    let lc = client(LOCAL).await;
+    let before = snapshot(&lc, &[&ns.name]).await;
+    let providers = fleet.provider_file(&[]);
+    let token = fleet.token_for(REMOTE, "1h").await;
+    fleet.put_token("east-spoke", &token).await;
+    let mut args = secrets_only_args(&ns.name);
+    args.extend(fleet.flags(&providers));
+    let d = Daemon::start_secrets_only(&args).await;
+    d.wait_leading().await;
+
+    // the profile "east" gives east's server, but pins south's id
+    let profile: DynamicObject = obj(json!({
+        "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ClusterProfile",
+        "metadata": {"name": "east", "annotations": {CLUSTER_ID_KEY: south_id},
+                     "labels": {"x-k8s.io/cluster-manager": "test"}},
+        "spec": {"displayName": "east", "clusterManager": {"name": "test"}}}));
+    let api = profiles(&fleet.hub, &ns.name);
+    api.create(&PostParams::default(), &profile).await.unwrap();
+    let access = Fleet::access(SECRETREADER, REMOTE, "east-spoke", json!([])).await;
+    fleet
+        .set_status("east", json!({"accessProviders": [access]}))
+        .await;
+    let line = format!(
+        "ClusterProfile {}/east: not a remote: its server answers as cluster {east_id}, but its ClusterProfile pins cluster {south_id}: remote \"east\" refused",
+        ns.name
+    );
+    readyz_shows(&d, &line, None).await;
+    let refusals = [("kind", "ClusterProfile"), ("reason", "PinMismatch")];
+    let counted = d
+        .wait_metric("xcc_remote_refusals_total", &refusals, 1.0)
+        .await;
+    absent(&west, "web")
+        .await
+        .expect("nothing followed through the refused profile");
+    let (_, report) = status_json(&ns.name).await;
+    let object = format!("ClusterProfile {}/east", ns.name);
+    let shown = report["refused"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|f| f["object"] == object.as_str()));
+    assert!(shown, "{object} not in status: {report}");
+
+    // the pin made right: the profile joins
+    let t0 = Instant::now();
+    api.patch(
+        "east",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {CLUSTER_ID_KEY: east_id}}})),
+    )
+    .await
+    .unwrap();
+    let (_, recorded) = follower_of(&west, "web", "east").await;
+    let joined = t0.elapsed();
+    assert_eq!(recorded, east_id);
+    let after = snapshot(&lc, &[&ns.name]).await;
+    conclude(
+        Report {
+            id: "97-identity-profile-pin",
+            scenario: "A ClusterProfile pinned to another cluster than its server's",
+            done: "a profile giving east's server whose annotation pins south's kube-system uid; then the annotation changed to east's uid",
+            converge: Some(joined),
+            note: format!(
+                "refused on /readyz (\"its server answers as cluster <east>, but its ClusterProfile pins cluster <south>\"), in status and xcc_remote_refusals_total{{kind=ClusterProfile,reason=PinMismatch}} {counted}; nothing followed; with the pin made right it joined and its follower appeared {:.1} s after",
+                joined.as_secs_f64()
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
 }
 
 /// A plain local Service beside the followers: what must never be touched.
