@@ -352,6 +352,17 @@ async fn the_chart_reads_remotes_from_secrets_and_mounts_a_static_one_only_when_
     );
     let err = template(&kc, &["remoteSecretAllowExec={aws}"]).unwrap_err();
     assert!(err.contains("remoteSecretAllowExec"), "{err}");
+    // a remote Secret must pin its cluster id only when asked
+    let pin_flag = |sets: &[&str]| -> bool {
+        let docs = template(&kc, sets).unwrap();
+        pod_template(&docs)["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--require-cluster-id-pin")
+    };
+    assert!(!pin_flag(&[]), "off by default");
+    assert!(pin_flag(&["requireClusterIdPin=true"]));
 }
 
 /// A kubeconfig whose only credential is a TokenRequest token of `sa` in `ns` of `context`.

@@ -11,6 +11,12 @@ use cross_cluster_controller::desired::{
     self, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL,
 };
+use cross_cluster_controller::remotes::credentials::{LIFETIME_KEY, RENEWAL_KEY};
+use cross_cluster_controller::remotes::remote_secret::{
+    ALLOW_EXTERNAL_NAME_KEY, ALLOWED_CIDRS_KEY, CLUSTER_ID_KEY, MAX_CACHE_BYTES_KEY,
+    MAX_ENDPOINTS_KEY, MAX_SERVICES_KEY, NAME_KEY, PROBE_AFTER_KEY, STALE_AFTER_KEY,
+};
+use cross_cluster_controller::remotes::source::Refused;
 use cross_cluster_controller::runtime::metrics::{
     ByKindVerbCode, ByRemote, ByRemoteOutcome, ByRemoteTo, ByWatch, Metrics, RemoteReading,
 };
@@ -87,6 +93,7 @@ fn every_family() -> Metrics {
     m.probes.get_or_create(&probe).inc();
     let refused = ByKindVerbCode::new("Service", "create", "403");
     m.write_errors.get_or_create(&refused).inc();
+    m.init_refusals("Secret", Refused::REASONS);
     m
 }
 
@@ -223,6 +230,79 @@ fn names() -> String {
     out
 }
 
+/// The annotations of a remote Secret (and of a ClusterProfile, which takes the same policy),
+/// and the reasons a Secret or a profile is refused as a remote.
+fn remote_objects() -> String {
+    let rows = [
+        (
+            NAME_KEY,
+            "Secret (label or annotation)",
+            "the remote's name (else the Secret's name)",
+        ),
+        (
+            CLUSTER_ID_KEY,
+            "Secret, ClusterProfile",
+            "the pin: the uid of the remote's kube-system namespace (a UUID; `remote-access --output secret` writes it). A server answering with another id is refused (`PinMismatch`); without it any cluster joins, unless `--require-cluster-id-pin` (`Unpinned`)",
+        ),
+        (
+            STALE_AFTER_KEY,
+            "Secret, ClusterProfile",
+            "the outage policy",
+        ),
+        (
+            PROBE_AFTER_KEY,
+            "Secret, ClusterProfile",
+            "the data-path probe",
+        ),
+        (
+            ALLOWED_CIDRS_KEY,
+            "Secret, ClusterProfile",
+            "the networks its addresses must be in",
+        ),
+        (
+            MAX_SERVICES_KEY,
+            "Secret, ClusterProfile",
+            "its budget of Services",
+        ),
+        (
+            MAX_ENDPOINTS_KEY,
+            "Secret, ClusterProfile",
+            "its budget of endpoints",
+        ),
+        (
+            MAX_CACHE_BYTES_KEY,
+            "Secret, ClusterProfile",
+            "its budget of cached bytes",
+        ),
+        (
+            ALLOW_EXTERNAL_NAME_KEY,
+            "Secret, ClusterProfile",
+            "`\"true\"`: its ExternalName Services are mirrored",
+        ),
+        (
+            RENEWAL_KEY,
+            "Secret",
+            "the remote ServiceAccount whose token the leader renews",
+        ),
+        (
+            LIFETIME_KEY,
+            "Secret",
+            "the lifetime a renewed token asks for",
+        ),
+    ];
+    let mut out = String::from("| key | on | what |\n|---|---|---|\n");
+    for (key, on, what) in rows {
+        let _ = writeln!(out, "| `{key}` | {on} | {what} |");
+    }
+    let reasons: Vec<String> = Refused::REASONS.iter().map(|r| format!("`{r}`")).collect();
+    let _ = write!(
+        out,
+        "\nThe `reason` of `xcc_remote_refusals_total` (kind `Secret`, `ClusterProfile`, or `static` for the static remote): {}.\n",
+        reasons.join(", ")
+    );
+    out
+}
+
 fn page() -> String {
     let cli = Cli::command();
     let mut out = String::from(
@@ -244,6 +324,8 @@ fn page() -> String {
     out.push_str(&metrics());
     out.push_str("\n## Labels and annotations\n\nWith the default `--label-key`; another key keeps the same shape under its own prefix.\n\n");
     out.push_str(&names());
+    out.push_str("\n## Remote Secrets and ClusterProfiles\n\nWhat a remote Secret's (or a ClusterProfile's) labels and annotations say of its remote; these keys do not follow `--label-key`.\n\n");
+    out.push_str(&remote_objects());
     out
 }
 

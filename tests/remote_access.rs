@@ -2,7 +2,6 @@
 //! kubeconfig is all the other cluster's daemon needs; every write with it is refused.
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use cross_cluster_controller::remotes::credentials::{self, Credential};
@@ -15,19 +14,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use secrecy::ExposeSecret;
 use serde_json::json;
-use support::daemon::{BIN, Daemon, run_to_exit};
+use support::daemon::{Daemon, run_to_exit};
+use support::remotes::remote_access;
 use support::{LOCAL, REMOTE, bed, client, eventually, namespace, obj, present};
-
-fn remote_access(extra: &[&str]) -> (String, String) {
-    let out = Command::new(BIN)
-        .arg("remote-access")
-        .args(extra)
-        .output()
-        .expect("run remote-access");
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "remote-access failed: {stderr}");
-    (String::from_utf8_lossy(&out.stdout).to_string(), stderr)
-}
 
 fn forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
     match r {

@@ -163,6 +163,14 @@ pub struct Args {
     #[arg(long, env = "STRICT_ADDRESSES")]
     pub strict_addresses: bool,
 
+    /// Refuse a remote Secret or ClusterProfile that pins no cluster id (the annotation
+    /// `fair.com/cross-cluster-cluster-id`, the uid of the remote's kube-system namespace, which
+    /// `remote-access --output secret` writes). Without it an object that pins none joins as
+    /// before; one that pins an id is refused whenever its server answers with another, with or
+    /// without this flag. The static remote (--kubeconfig) needs no pin.
+    #[arg(long, env = "REQUIRE_CLUSTER_ID_PIN")]
+    pub require_cluster_id_pin: bool,
+
     /// Networks of the local cluster that no remote address may be in, besides those the daemon
     /// finds itself (its nodes' addresses and pod CIDRs, its ServiceCIDRs, its API server's
     /// endpoints): the Service CIDR where the ServiceCIDR API is not served, the pods' networks
@@ -371,6 +379,7 @@ impl Args {
                 mcs: self.mcs,
                 allowed_cidrs: self.remote_allowed_cidrs.0.clone(),
                 strict_addresses: self.strict_addresses,
+                require_cluster_id_pin: self.require_cluster_id_pin,
                 budget: crate::state::budget::Limits {
                     services: self.remote_max_services,
                     endpoints: self.remote_max_endpoints,

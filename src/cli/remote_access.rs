@@ -16,6 +16,7 @@ use kube::{Api, Client, Config};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::client::ClusterId;
 use crate::desired::mcs::{ABOUT_GROUP, MCS_GROUP};
 use crate::error::{Error, Result};
 
@@ -244,13 +245,15 @@ pub fn default_secret_name(name: &str) -> String {
 /// The printed text (kubeconfig or Secret), from the parts gathered. The Secret is what the daemon
 /// discovers remotes from: in its namespace, labelled `fair.com/cross-cluster-remote=true`, the
 /// kubeconfig under the key `kubeconfig`, the remote's name in the label
-/// `fair.com/cross-cluster-name` (in the annotation of that name when it is no valid label value).
+/// `fair.com/cross-cluster-name` (in the annotation of that name when it is no valid label value),
+/// the cluster's id (its kube-system uid) pinned in the annotation `fair.com/cross-cluster-cluster-id`.
 pub fn render(
     args: &RemoteAccessArgs,
     name: &str,
     server: &str,
     ca_b64: Option<&str>,
     token: &str,
+    cluster_id: &ClusterId,
 ) -> String {
     let ca = match ca_b64 {
         Some(ca) => format!("    certificate-authority-data: {}\n", q(ca)),
@@ -281,12 +284,15 @@ pub fn render(
                 ),
                 None => String::new(),
             };
+            // the daemon refuses a server that answers with another cluster id
             let annotations = format!(
-                "  annotations:\n{name_annotation}    {}: {}\n    {}: {}\n{allowed}",
+                "  annotations:\n{name_annotation}    {}: {}\n    {}: {}\n    {}: {}\n{allowed}",
                 crate::remotes::credentials::RENEWAL_KEY,
                 q(&format!("{}/{}", args.namespace, args.service_account)),
                 crate::remotes::credentials::LIFETIME_KEY,
                 q(&format!("{}s", args.duration.as_secs())),
+                crate::remotes::remote_secret::CLUSTER_ID_KEY,
+                q(cluster_id.as_str()),
             );
             format!(
                 "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {}\n  namespace: {}\n  labels:\n    \
@@ -531,10 +537,38 @@ pub async fn run(args: RemoteAccessArgs) -> Result<String> {
         ca_b64,
     } = target(&args)?;
     let client = client_of(kc, &context).await?;
+    let id = identity(&client, &args).await?;
     ensure_identity(&client, &args).await?;
     let token = mint(&client, &args).await?;
     let name = args.cluster_name.clone().unwrap_or(context);
-    Ok(render(&args, &name, &server, ca_b64.as_deref(), &token))
+    Ok(render(
+        &args,
+        &name,
+        &server,
+        ca_b64.as_deref(),
+        &token,
+        &id,
+    ))
+}
+
+/// The cluster's id (its kube-system uid), read before anything is made: the Secret pins it.
+async fn identity(client: &Client, args: &RemoteAccessArgs) -> Result<ClusterId> {
+    let id = crate::client::cluster_id(client, Duration::from_secs(30))
+        .await
+        .map_err(|e| config_err("the cluster's id (namespace kube-system)", e))?;
+    match args.output {
+        Output::Secret => eprintln!(
+            "cluster id {id} (the uid of namespace kube-system), pinned in the Secret \
+             (annotation {}): the daemon refuses a server that answers with another",
+            crate::remotes::remote_secret::CLUSTER_ID_KEY
+        ),
+        Output::Kubeconfig => eprintln!(
+            "cluster id {id} (the uid of namespace kube-system): annotate the remote Secret you \
+             make with {}: {id} and the daemon refuses a server that answers with another",
+            crate::remotes::remote_secret::CLUSTER_ID_KEY
+        ),
+    }
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -584,8 +618,25 @@ mod tests {
             "https://10.0.0.1:6443",
             Some("Q0E="),
             "tok.en-123",
+            &ClusterId::parse(ID).unwrap(),
         );
         serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"))
+    }
+
+    const ID: &str = "0f6b3c1e-54d2-4a8e-9c7b-2d1e0a9f8b7c";
+
+    #[test]
+    fn the_secret_pins_the_cluster_id_and_the_daemon_reads_the_pin() {
+        let secret = secret(&[], "east");
+        assert_eq!(
+            secret["metadata"]["annotations"]["fair.com/cross-cluster-cluster-id"],
+            ID
+        );
+        // read back as the daemon reads a remote Secret
+        let s: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(serde_json::to_value(&secret).unwrap()).unwrap();
+        let c = crate::remotes::remote_secret::read_secret(&s).unwrap();
+        assert_eq!(c.cluster_id.as_ref().map(ClusterId::as_str), Some(ID));
     }
 
     fn inner_kubeconfig(secret: &serde_yaml::Value) -> Kubeconfig {

@@ -121,6 +121,21 @@ pub struct Report {
     pub credentials_expiring: Vec<String>,
     /// the MCS imports that tell their endpoints per cluster
     pub imports: Vec<imports::ImportStatus>,
+    /// objects refused as remotes (a Secret, a ClusterProfile, the static remote), each as the
+    /// daemon's latest `RemoteRefused` Event says; shown only (an Event outlives its cause:
+    /// /readyz says which refusals hold now)
+    pub refused: Vec<Refusal>,
+}
+
+/// An object refused as a remote, as the daemon's latest `RemoteRefused` Event on it says.
+#[derive(Debug, Default, Serialize, PartialEq)]
+pub struct Refusal {
+    /// `Secret ns/name`, or what the Event's note names first (`ClusterProfile hub/east`, the
+    /// static `remote "east"`)
+    pub object: String,
+    pub message: String,
+    /// since the Event was last recorded
+    pub seen_seconds_ago: Option<i64>,
 }
 
 /// What `report` reads, listed from the local cluster.
@@ -172,7 +187,45 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
         healthy,
         credentials_expiring: Vec::new(),
         imports: imports::imports(&inputs.imports),
+        refused: Vec::new(),
     }
+}
+
+/// Pure: the daemon's `RemoteRefused` Events of its namespace, the latest per object refused.
+pub fn refusals(events: &[Event], namespace: &str, now: Timestamp) -> Vec<Refusal> {
+    let mut latest: BTreeMap<String, (Option<Timestamp>, String)> = BTreeMap::new();
+    let refused = events.iter().filter(|e| {
+        e.reason.as_deref() == Some("RemoteRefused")
+            && e.metadata.namespace.as_deref() == Some(namespace)
+    });
+    for e in refused {
+        let note = e.message.clone().unwrap_or_default();
+        let r = &e.involved_object;
+        let object = if r.kind.as_deref() == Some("Secret") {
+            let (ns, name) = (r.namespace.as_deref(), r.name.as_deref());
+            format!("Secret {}/{}", ns.unwrap_or(""), name.unwrap_or(""))
+        } else {
+            note.split(": ").next().unwrap_or_default().to_string()
+        };
+        let at = e
+            .series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref())
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+            .or(e.last_timestamp.as_ref().map(|t| t.0));
+        if latest.get(&object).is_none_or(|(seen, _)| *seen < at) {
+            latest.insert(object, (at, note));
+        }
+    }
+    latest
+        .into_iter()
+        .map(|(object, (at, message))| Refusal {
+            object,
+            message,
+            seen_seconds_ago: ago(at, now),
+        })
+        .collect()
 }
 
 /// Pure: the report with the remotes whose credential expires within `threshold` named.
@@ -414,6 +467,17 @@ pub fn table(r: &Report, now: Timestamp) -> String {
             out.push_str(&format!("  {f}\n"));
         }
     }
+    if !r.refused.is_empty() {
+        out.push_str("\nREFUSED AS REMOTES (the daemon's latest RemoteRefused Event on each; /readyz says which still hold)\n");
+        for f in &r.refused {
+            out.push_str(&format!(
+                "  {} ({} ago): {}\n",
+                f.object,
+                age(f.seen_seconds_ago),
+                f.message
+            ));
+        }
+    }
     out.push_str(&imports::section(&r.imports));
     out
 }
@@ -567,6 +631,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, StatusError> {
         .await
         .map_err(|source| StatusError::Events { source })?
         .items;
+    let refused = refusals(&events, &args.namespace, Timestamp::now());
     let inputs = Inputs {
         health,
         election,
@@ -577,6 +642,7 @@ async fn gather(args: &StatusArgs) -> Result<Report, StatusError> {
     };
     let mut r = report(&inputs, &opts, Timestamp::now());
     r.namespace = args.namespace.clone();
+    r.refused = refused;
     let r = with_expiring(r, args.credential_expiry_threshold);
     Ok(r)
 }
@@ -654,6 +720,79 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "e"}, "involvedObject": {},
             "reason": reason, "action": action, "message": note}))
         .unwrap()
+    }
+
+    fn refused_event(ns: &str, secret: Option<&str>, note: &str, at: &str) -> Event {
+        let involved = match secret {
+            Some(n) => json!({"kind": "Secret", "namespace": ns, "name": n}),
+            None => json!({"kind": "Lease", "namespace": ns, "name": "cross-cluster-controller"}),
+        };
+        serde_json::from_value(json!({"metadata": {"name": "e", "namespace": ns},
+            "involvedObject": involved, "reason": "RemoteRefused", "action": "Join",
+            "message": note, "eventTime": at}))
+        .unwrap()
+    }
+
+    #[test]
+    fn refusals_are_the_latest_remote_refused_event_per_object_of_the_daemons_namespace() {
+        let events = [
+            refused_event(
+                "fair",
+                Some("a-impostor"),
+                "older",
+                "2026-01-01T00:00:00.000000Z",
+            ),
+            refused_event(
+                "fair",
+                Some("a-impostor"),
+                "remote \"a-impostor\": answers as cluster X, but its Secret pins cluster Y",
+                "2026-01-01T00:09:00.000000Z",
+            ),
+            refused_event(
+                "fair",
+                None,
+                "ClusterProfile hub/east: held",
+                "2026-01-01T00:08:00.000000Z",
+            ),
+            // another daemon's namespace, and another reason: not ours to show
+            refused_event(
+                "other",
+                Some("x"),
+                "elsewhere",
+                "2026-01-01T00:09:00.000000Z",
+            ),
+            event("ServiceConflict", "Conflict", "east's export"),
+        ];
+        let r = refusals(&events, "fair", now());
+        assert_eq!(
+            r,
+            vec![
+                Refusal {
+                    object: "ClusterProfile hub/east".into(),
+                    message: "ClusterProfile hub/east: held".into(),
+                    seen_seconds_ago: Some(120),
+                },
+                Refusal {
+                    object: "Secret fair/a-impostor".into(),
+                    message:
+                        "remote \"a-impostor\": answers as cluster X, but its Secret pins cluster Y"
+                            .into(),
+                    seen_seconds_ago: Some(60),
+                },
+            ]
+        );
+        let mut report = Report {
+            refused: r,
+            ..Default::default()
+        };
+        report.healthy = true;
+        let text = table(&report, now());
+        assert!(
+            text.contains("REFUSED AS REMOTES")
+                && text.contains("  Secret fair/a-impostor (60s ago): remote"),
+            "{text}"
+        );
+        assert_eq!(exit_code(&report), 0, "shown, not judged");
     }
 
     #[test]

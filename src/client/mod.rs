@@ -7,14 +7,16 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::client::ClientBuilder;
 use kube::client::retry::RetryPolicy;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, Config};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
+pub use cluster_id::{ClusterId, NotAUuid};
 use limits::{BodyLimits, LimitLayer};
 
 use crate::error::{Error, Result};
 
+pub mod cluster_id;
 pub mod limits;
 pub mod pages;
 pub mod policy;
@@ -78,6 +80,9 @@ pub enum ClusterIdError {
     Read { source: kube::Error },
     #[error("its kube-system namespace has no uid")]
     NoUid,
+    /// The uid answered is no UUID: never recorded, logged or shown whole.
+    #[error("its kube-system namespace's uid {0}")]
+    NotAUuid(#[from] NotAUuid),
 }
 
 fn config_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -240,17 +245,18 @@ pub async fn operator_client(path: &Path, settings: &Settings) -> Result<Client>
 }
 
 /// The uid of a cluster's kube-system namespace: its id (as the MCS ClusterProperty
-/// `cluster.clusterset.k8s.io` defines it).
+/// `cluster.clusterset.k8s.io` defines it), when it is a UUID (see [`cluster_id::ClusterId`]).
 pub async fn cluster_id(
     client: &Client,
     timeout: Duration,
-) -> std::result::Result<String, ClusterIdError> {
+) -> std::result::Result<ClusterId, ClusterIdError> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = tokio::time::timeout(timeout, api.get("kube-system"))
         .await
         .map_err(|_| ClusterIdError::NoAnswer { timeout })?
         .map_err(|source| ClusterIdError::Read { source })?;
-    ns.uid().ok_or(ClusterIdError::NoUid)
+    let uid = ns.metadata.uid.as_deref().ok_or(ClusterIdError::NoUid)?;
+    Ok(ClusterId::parse(uid)?)
 }
 
 /// The local client, and the static remote when the flags name one (`--kubeconfig` /
@@ -289,4 +295,76 @@ pub async fn build(settings: &Settings) -> Result<Clients> {
         local_authority,
         remotes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, get, ok, status};
+    use serde_json::{Value, json};
+
+    const KUBE_SYSTEM: &str = "/api/v1/namespaces/kube-system";
+
+    /// What `cluster_id` makes of a server whose kube-system namespace has `uid` (Null: none):
+    /// one GET of the namespace, nothing else.
+    async fn answered(uid: Value) -> std::result::Result<ClusterId, ClusterIdError> {
+        let (client, api) = fixtures::client("remote");
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": "kube-system", "uid": uid}});
+        fixtures::run(
+            &[&api],
+            cluster_id(&client, Duration::from_secs(5)),
+            async {
+                api.expect(get(KUBE_SYSTEM), ok(ns)).await;
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_uuid_answered_is_the_cluster_id() {
+        let id = answered(json!("0F6B3C1E-54D2-4A8E-9C7B-2D1E0A9F8B7C"))
+            .await
+            .unwrap();
+        assert_eq!(id.as_str(), "0f6b3c1e-54d2-4a8e-9c7b-2d1e0a9f8b7c");
+    }
+
+    #[tokio::test]
+    async fn a_huge_uid_answered_is_refused_and_shown_by_its_length_only() {
+        let huge = "e".repeat(200 * 1024);
+        let why = answered(json!(huge)).await.unwrap_err();
+        let ClusterIdError::NotAUuid(n) = &why else {
+            panic!("{why}");
+        };
+        assert_eq!(n.len, 200 * 1024);
+        let said = why.to_string();
+        assert!(said.len() < 200, "{} bytes: {said}", said.len());
+        assert!(
+            said.contains("204800 bytes") && said.contains("not a UUID"),
+            "{said}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_or_no_uid_is_no_cluster_id() {
+        let why = answered(json!("east")).await.unwrap_err();
+        assert!(matches!(why, ClusterIdError::NotAUuid(_)), "{why}");
+        let why = answered(Value::Null).await.unwrap_err();
+        assert!(matches!(why, ClusterIdError::NoUid), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_read_says_so() {
+        let (client, api) = fixtures::client("remote");
+        let why = fixtures::run(
+            &[&api],
+            cluster_id(&client, Duration::from_secs(5)),
+            async {
+                api.expect(get(KUBE_SYSTEM), status(403, "Forbidden")).await;
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(why, ClusterIdError::Read { .. }), "{why}");
+    }
 }

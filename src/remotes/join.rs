@@ -3,13 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::warn;
+use kube::runtime::events::EventType;
+use tracing::{error, warn};
 
 use super::Settings;
 use crate::client::{self, Clients, Remote};
 use crate::desired::addresses::AddressPolicy;
 use crate::reconcile::resync;
 use crate::reconcile::worker::Controller;
+use crate::runtime::metrics::ByKindReason;
 use crate::runtime::supervisor::Supervisor;
 use crate::state::{Member, Origin, RemoteState};
 
@@ -86,7 +88,9 @@ pub fn join(
 }
 
 /// The static remote (flags), with its cluster id: recorded on its followers and as the MCS
-/// source-cluster of its slices; a remote that does not answer at start is read without it.
+/// source-cluster of its slices; a remote that does not answer at start is read without it. One
+/// that answers with a kube-system uid that is no UUID is not read at all (shown on /readyz, an
+/// Event, `xcc_remote_refusals_total{kind="static"}`): its followers are kept as they are.
 pub async fn static_remotes(
     sup: &Supervisor,
     ctl: &Arc<Controller>,
@@ -94,10 +98,17 @@ pub async fn static_remotes(
     settings: &Settings,
 ) {
     for remote in &clients.remotes {
-        let id = client::cluster_id(&remote.client, STATIC_ID_WAIT)
-            .await
-            .inspect_err(|why| warn!(remote = %remote.name, "cluster id unknown: {why}"))
-            .ok();
+        let id = match client::cluster_id(&remote.client, STATIC_ID_WAIT).await {
+            Ok(id) => Some(id.into_string()),
+            Err(client::ClusterIdError::NotAUuid(why)) => {
+                refuse_static(ctl, &remote.name, &why).await;
+                continue;
+            }
+            Err(why) => {
+                warn!(remote = %remote.name, "cluster id unknown: {why}");
+                None
+            }
+        };
         let known = Known {
             cluster_id: id,
             stale_after: settings.stale_after,
@@ -115,4 +126,29 @@ pub async fn static_remotes(
                 .set(super::credentials::credential(&cfg.auth_info));
         }
     }
+}
+
+/// The kind the refusal metric gives the static remote.
+const STATIC: &str = "static";
+
+/// The static remote answered with a uid that is no UUID: it is not read (until a restart).
+async fn refuse_static(ctl: &Arc<Controller>, name: &str, why: &client::NotAUuid) {
+    let reason = "NotAUuid";
+    let said = format!(
+        "its server's kube-system uid {why}: remote {name:?} refused, nothing of it is read (its followers are kept)"
+    );
+    error!(remote = %name, "{said}");
+    let metrics = ctl.metrics();
+    metrics.init_refusals(STATIC, &[reason]);
+    metrics
+        .remote_refusals
+        .get_or_create(&ByKindReason::new(STATIC, reason))
+        .inc();
+    let source = format!("remote {name} (--kubeconfig/--remote-context)");
+    ctl.remotes()
+        .set_problem(&source, format!("not a remote: {said}"));
+    // on the daemon's Lease: the note names what was refused first, as a profile's does
+    let note = format!("{source}: {said}");
+    ctl.event(EventType::Warning, "RemoteRefused", note, "Join", None)
+        .await;
 }

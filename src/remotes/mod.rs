@@ -38,6 +38,8 @@ pub struct Settings {
     pub strict_addresses: bool,
     /// every remote's budget (a Secret's annotations override it for its remote)
     pub budget: crate::state::budget::Limits,
+    /// a Secret or ClusterProfile that pins no cluster id is refused (`--require-cluster-id-pin`)
+    pub require_cluster_id_pin: bool,
 }
 
 impl Settings {

@@ -7,6 +7,7 @@ use kube::ResourceExt;
 use kube::config::Kubeconfig;
 use sha2::{Digest, Sha256};
 
+use crate::client::ClusterId;
 use crate::state::budget::{Limits, parse_bytes, parse_count};
 
 /// Label or annotation naming the remote cluster.
@@ -75,6 +76,10 @@ fn budget_of(a: &std::collections::BTreeMap<String, String>) -> Result<BudgetOve
 }
 /// The Secret annotation that allows its remote to export ExternalName Services (`"true"`).
 pub const ALLOW_EXTERNAL_NAME_KEY: &str = "fair.com/cross-cluster-allow-external-name";
+/// The Secret (or ClusterProfile) annotation that pins its remote's identity: the uid of the
+/// kube-system namespace of the cluster it was made for (`remote-access` writes it). A server
+/// that answers with another uid is refused (see `crate::remotes::source`).
+pub const CLUSTER_ID_KEY: &str = "fair.com/cross-cluster-cluster-id";
 /// What a Secret says, read without I/O.
 #[derive(Debug)]
 pub struct Candidate {
@@ -93,6 +98,8 @@ pub struct Candidate {
     pub budget: BudgetOverride,
     /// its ExternalName Services are mirrored (annotation [`ALLOW_EXTERNAL_NAME_KEY`])
     pub allow_external_name: bool,
+    /// the cluster id its server must answer with (annotation [`CLUSTER_ID_KEY`]); None: any
+    pub cluster_id: Option<ClusterId>,
     /// what its credential says, when known otherwise than from the kubeconfig's inline data
     /// (an exec plugin's `expirationTimestamp`)
     pub credential: Option<crate::state::Credential>,
@@ -136,7 +143,8 @@ pub fn check_name(name: &str, from: &str) -> Result<(), String> {
 }
 
 /// What an object's annotations say of its remote: the outage policy, the probe, the allowed
-/// networks, the budget and ExternalNames (the same keys on a Secret and on a ClusterProfile).
+/// networks, the budget, ExternalNames and the pinned cluster id (the same keys on a Secret and
+/// on a ClusterProfile).
 #[derive(Debug, Default)]
 pub struct Policy {
     pub stale_after: Option<Duration>,
@@ -144,6 +152,7 @@ pub struct Policy {
     pub probe_after: Option<Duration>,
     pub budget: BudgetOverride,
     pub allow_external_name: bool,
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// Pure: the policy an object's annotations set, or the first annotation that is wrong.
@@ -166,12 +175,17 @@ pub fn read_policy(a: &std::collections::BTreeMap<String, String>) -> Result<Pol
             .map_err(|e| format!("annotation {ALLOWED_CIDRS_KEY}: {e}"))?,
         None => Vec::new(),
     };
+    let cluster_id = a
+        .get(CLUSTER_ID_KEY)
+        .map(|v| ClusterId::parse(v).map_err(|e| format!("annotation {CLUSTER_ID_KEY}: {e}")))
+        .transpose()?;
     Ok(Policy {
         stale_after: span(STALE_AFTER_KEY)?,
         allowed_cidrs,
         probe_after: span(PROBE_AFTER_KEY)?,
         budget: budget_of(a)?,
         allow_external_name,
+        cluster_id,
     })
 }
 
@@ -193,6 +207,10 @@ impl Policy {
         if let Some(d) = self.probe_after {
             policy.push_str(&format!("\nprobe={}", d.as_millis()));
         }
+        // a pin added or changed is a rotation: the server is asked again who it is
+        if let Some(id) = &self.cluster_id {
+            policy.push_str(&format!("\ncluster-id={id}"));
+        }
         policy
     }
 
@@ -211,6 +229,7 @@ impl Policy {
             probe_after: self.probe_after,
             budget: self.budget,
             allow_external_name: self.allow_external_name,
+            cluster_id: self.cluster_id,
             credential: None,
         }
     }
@@ -332,6 +351,34 @@ mod tests {
                 .unwrap_err()
                 .contains(ALLOW_EXTERNAL_NAME_KEY)
         );
+    }
+
+    #[test]
+    fn the_cluster_id_pin_is_a_uuid_read_in_lower_case_and_part_of_the_hash() {
+        let plain = read_secret(&secret(json!({}), Some(KUBECONFIG))).unwrap();
+        assert_eq!(plain.cluster_id, None, "no pin: any cluster, as before");
+        let uid = "0F6B3C1E-54D2-4A8E-9C7B-2D1E0A9F8B7C";
+        let mut s = secret(json!({}), Some(KUBECONFIG));
+        s.metadata.annotations = Some([(CLUSTER_ID_KEY.to_string(), uid.to_string())].into());
+        let pinned = read_secret(&s).unwrap();
+        assert_eq!(
+            pinned.cluster_id.as_ref().map(ClusterId::as_str),
+            Some(uid.to_ascii_lowercase().as_str())
+        );
+        assert_ne!(pinned.hash, plain.hash, "a pin added is a rotation");
+        // the same id in either case is the same pin
+        s.metadata.annotations =
+            Some([(CLUSTER_ID_KEY.to_string(), uid.to_ascii_lowercase())].into());
+        assert_eq!(read_secret(&s).unwrap().hash, pinned.hash);
+        // a pin that is no UUID: the Secret is refused, the annotation named, the value cut
+        let long = "x".repeat(300 * 1024);
+        s.metadata.annotations = Some([(CLUSTER_ID_KEY.to_string(), long)].into());
+        let why = read_secret(&s).unwrap_err();
+        assert!(
+            why.contains(CLUSTER_ID_KEY) && why.contains("not a UUID"),
+            "{why}"
+        );
+        assert!(why.len() < 300, "{} bytes", why.len());
     }
 
     #[test]

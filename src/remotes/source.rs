@@ -26,18 +26,18 @@ use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use super::Settings;
-use super::remote_secret::{Candidate, NAME_KEY};
-use crate::client::{self, Remote};
+use super::remote_secret::{CLUSTER_ID_KEY, Candidate, NAME_KEY};
+use crate::client::{self, ClusterId, ClusterIdError, Remote};
 use crate::reconcile::worker::Controller;
-use crate::runtime::metrics::{ByChange, Metrics};
+use crate::runtime::metrics::{ByChange, ByKindReason, Metrics};
 use crate::state::{Member, Origin};
 
 /// How often objects that could not be used (an unreachable server, say) are tried again.
 pub const RETRY: Duration = Duration::from_secs(10);
 
 /// Why an object's remote does not join: logged, shown on /readyz, recorded as an Event and
-/// counted; a remote that was running keeps running.
-#[derive(Debug, thiserror::Error)]
+/// counted (by the variant's name, [`Refused::reason`]); a remote that was running keeps running.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 pub enum Refused {
     /// The object describes no remote (a Secret: its name, kubeconfig or annotations).
     #[error("{0}")]
@@ -58,7 +58,30 @@ pub enum Refused {
     #[error("its server {at} is the local cluster's")]
     LocalServer { at: String },
     #[error(transparent)]
-    ClusterId(#[from] client::ClusterIdError),
+    ClusterId(client::ClusterIdError),
+    /// Its server answered with a kube-system uid that is no UUID: never recorded or shown whole.
+    #[error(
+        "its server's kube-system uid {source}: remote {name:?} refused, nothing of it is read"
+    )]
+    NotAUuid {
+        name: String,
+        source: client::NotAUuid,
+    },
+    /// Its server answers with another cluster id than its object pins.
+    #[error(
+        "its server answers as cluster {answered}, but its {kind} pins cluster {pinned}: remote {name:?} refused, nothing of it is read ({CLUSTER_ID_KEY}; if the {kind} points at the wrong server, fix its kubeconfig; if the pin is wrong, run remote-access against the cluster again)"
+    )]
+    PinMismatch {
+        name: String,
+        kind: &'static str,
+        pinned: ClusterId,
+        answered: ClusterId,
+    },
+    /// `--require-cluster-id-pin`, and its object pins no cluster id.
+    #[error(
+        "its {kind} pins no cluster id and --require-cluster-id-pin is on: remote {name:?} refused (run remote-access against the cluster again, or annotate the {kind} with {CLUSTER_ID_KEY}: the uid of the cluster's kube-system namespace)"
+    )]
+    Unpinned { name: String, kind: &'static str },
     #[error("it reaches the local cluster (cluster id {id})")]
     LocalCluster { id: String },
     #[error("it reaches cluster {id}, already read as remote {other:?}")]
@@ -71,6 +94,16 @@ pub enum Refused {
         id: String,
         was: String,
     },
+}
+
+impl Refused {
+    /// Every reason [`Refused::reason`] returns: the variants' names.
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
+
+    /// The refusal's category, a metric label: its variant's name (`PinMismatch`, `Held`, ...).
+    pub fn reason(&self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Whether an object's refusal is news (logged) and its first (counted).
@@ -159,6 +192,7 @@ impl<K: Kind> Source<K> {
             .iter()
             .filter_map(|m| Some((m.name().to_string(), m.cluster_id.clone()?)))
             .collect();
+        ctl.metrics().init_refusals(K::KIND, Refused::REASONS);
         Self {
             kind,
             ctl,
@@ -284,6 +318,12 @@ impl<K: Kind> Source<K> {
     async fn evaluate(&mut self, o: &K::Object) -> Result<(), Refused> {
         let object = o.name_any();
         let c = self.kind.candidate(o).await?;
+        if self.settings.require_cluster_id_pin && c.cluster_id.is_none() {
+            return Err(Refused::Unpinned {
+                name: c.name.clone(),
+                kind: K::KIND,
+            });
+        }
         let existing = self.ctl.remotes().get(&c.name);
         if self.unchanged(&object, &c, existing.as_deref())? {
             return Ok(());
@@ -294,6 +334,7 @@ impl<K: Kind> Source<K> {
                 .unwrap_or_default()
         });
         let (client, id) = self.reach(&c).await?;
+        let id = id.into_string();
         self.same_cluster(&c.name, &id)?;
         let remote = Remote {
             name: c.name.clone(),
@@ -362,9 +403,10 @@ impl<K: Kind> Source<K> {
         Ok(false) // its object is gone: this one takes over
     }
 
-    /// A client of the candidate's cluster and that cluster's id, once it is proven to be neither
-    /// the local cluster nor one already read under another name.
-    async fn reach(&self, c: &Candidate) -> Result<(Client, String), Refused> {
+    /// A client of the candidate's cluster and that cluster's id, once it is proven to be a
+    /// UUID, the one its object pins (if it pins one), and neither the local cluster nor one
+    /// already read under another name.
+    async fn reach(&self, c: &Candidate) -> Result<(Client, ClusterId), Refused> {
         let (client, at) = client::secret_remote(c.kubeconfig.clone(), &self.settings.client)
             .await
             .map_err(|source| Refused::Client { source })?;
@@ -373,9 +415,20 @@ impl<K: Kind> Source<K> {
         }
         // bounded below the API timeout: an object whose server hangs must not hold the others long
         let wait = self.settings.api_timeout.min(Duration::from_secs(10));
-        let id = client::cluster_id(&client, wait).await?;
+        let id = client::cluster_id(&client, wait)
+            .await
+            .map_err(|e| match e {
+                ClusterIdError::NotAUuid(source) => Refused::NotAUuid {
+                    name: c.name.clone(),
+                    source,
+                },
+                other => Refused::ClusterId(other),
+            })?;
+        pinned(c, K::KIND, &id)?;
         if self.local.id.as_deref() == Some(id.as_str()) {
-            return Err(Refused::LocalCluster { id });
+            return Err(Refused::LocalCluster {
+                id: id.into_string(),
+            });
         }
         let members = self.ctl.remotes().members();
         let other = members
@@ -383,7 +436,7 @@ impl<K: Kind> Source<K> {
             .find(|m| m.name().as_ref() != c.name && m.cluster_id.as_deref() == Some(id.as_str()));
         if let Some(other) = other {
             return Err(Refused::AlreadyRead {
-                id,
+                id: id.into_string(),
                 other: other.name().to_string(),
             });
         }
@@ -417,10 +470,13 @@ impl<K: Kind> Source<K> {
             opts.origin_cluster_annotation(),
             opts.origin_cluster_id_annotation(),
         );
+        // only a UUID: what an earlier version recorded of a hostile remote is no identity
         let of = |a: &BTreeMap<String, String>| {
             (a.get(&origin).map(String::as_str) == Some(name))
-                .then(|| a.get(&id_key).cloned())
+                .then(|| a.get(&id_key))
                 .flatten()
+                .filter(|id| ClusterId::parse(id).is_ok())
+                .cloned()
         };
         let mut ids: BTreeSet<String> = {
             let services = self.ctl.local().services.read();
@@ -447,6 +503,13 @@ impl<K: Kind> Source<K> {
         }
         if news == News::First {
             self.changed("refused");
+        }
+        if news != News::Same {
+            self.ctl
+                .metrics()
+                .remote_refusals
+                .get_or_create(&ByKindReason::new(K::KIND, why.reason()))
+                .inc();
         }
         self.ctl
             .remotes()
@@ -549,6 +612,20 @@ impl<K: Kind> Source<K> {
     }
 }
 
+/// Pure: whether the cluster `answered` is the one the candidate's object pins (`kind`: the
+/// object's, for the message); an object without a pin takes any cluster.
+pub fn pinned(c: &Candidate, kind: &'static str, answered: &ClusterId) -> Result<(), Refused> {
+    match &c.cluster_id {
+        Some(pin) if pin != answered => Err(Refused::PinMismatch {
+            name: c.name.clone(),
+            kind,
+            pinned: pin.clone(),
+            answered: answered.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A source as /readyz and the registry name it (`remote Secrets in fair-system`).
 pub fn listing_source<K: Kind>(namespace: &str) -> String {
     format!("remote {}s in {namespace}", K::KIND)
@@ -560,9 +637,92 @@ pub async fn local_cluster(clients: &crate::client::Clients, settings: &Settings
     let id = client::cluster_id(&clients.local, settings.api_timeout)
         .await
         .inspect_err(|why| warn!("local cluster id unknown: {why}"))
-        .ok();
+        .ok()
+        .map(ClusterId::into_string);
     LocalCluster {
         authority: clients.local_authority.clone(),
         id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remotes::remote_secret::Policy;
+
+    const EAST: &str = "0f6b3c1e-54d2-4a8e-9c7b-2d1e0a9f8b7c";
+    const SOUTH: &str = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d";
+
+    fn candidate(pin: Option<&str>) -> Candidate {
+        let policy = Policy {
+            cluster_id: pin.map(|p| ClusterId::parse(p).unwrap()),
+            ..Policy::default()
+        };
+        policy.candidate("east".into(), kube::config::Kubeconfig::default(), "kc")
+    }
+
+    fn id(s: &str) -> ClusterId {
+        ClusterId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_pinned_object_takes_only_its_cluster_and_the_refusal_names_both() {
+        assert!(pinned(&candidate(Some(EAST)), "Secret", &id(EAST)).is_ok());
+        let why = pinned(&candidate(Some(EAST)), "Secret", &id(SOUTH)).unwrap_err();
+        assert_eq!(why.reason(), "PinMismatch");
+        let said = why.to_string();
+        for part in [
+            "remote \"east\"",
+            EAST,
+            SOUTH,
+            "Secret pins",
+            CLUSTER_ID_KEY,
+        ] {
+            assert!(said.contains(part), "{part:?} in {said}");
+        }
+        // the pin in upper case is the same pin
+        let upper = EAST.to_ascii_uppercase();
+        assert!(pinned(&candidate(Some(&upper)), "Secret", &id(EAST)).is_ok());
+    }
+
+    #[test]
+    fn an_object_without_a_pin_takes_any_cluster_as_before() {
+        assert!(pinned(&candidate(None), "ClusterProfile", &id(SOUTH)).is_ok());
+    }
+
+    #[test]
+    fn every_refusal_has_a_reason_among_the_published_ones() {
+        let refusals = [
+            Refused::PinMismatch {
+                name: "e".into(),
+                kind: "Secret",
+                pinned: id(EAST),
+                answered: id(SOUTH),
+            },
+            Refused::Unpinned {
+                name: "e".into(),
+                kind: "ClusterProfile",
+            },
+            Refused::NotAUuid {
+                name: "e".into(),
+                source: ClusterId::parse("east").unwrap_err(),
+            },
+            Refused::Held {
+                name: "e".into(),
+                id: EAST.into(),
+                was: SOUTH.into(),
+            },
+        ];
+        for r in &refusals {
+            assert!(Refused::REASONS.contains(&r.reason()), "{}", r.reason());
+        }
+        assert!(Refused::REASONS.contains(&"AlreadyRead"));
+        let unpinned = refusals[1].to_string();
+        assert!(unpinned.contains("--require-cluster-id-pin"), "{unpinned}");
+        let not_uuid = refusals[2].to_string();
+        assert!(
+            not_uuid.contains("\"east\" (4 bytes) is not a UUID"),
+            "{not_uuid}"
+        );
     }
 }

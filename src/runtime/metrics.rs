@@ -38,6 +38,7 @@ pub struct Metrics {
     pub remote_changes: Family<ByChange, Counter>,
     pub remote_secrets_refused: Gauge,
     pub remote_profiles_refused: Gauge,
+    pub remote_refusals: Family<ByKindReason, Counter>,
     pub credential_renewals: PerRemote<ByRemoteOutcome, Counter>,
     pub probes: PerRemote<ByRemoteOutcome, Counter>,
     pub labels_refused: PerRemote<ByRemoteReason, Counter>,
@@ -74,6 +75,7 @@ impl Default for Metrics {
             remote_changes: Family::default(),
             remote_secrets_refused: Gauge::default(),
             remote_profiles_refused: Gauge::default(),
+            remote_refusals: Family::default(),
             credential_renewals: PerRemote::new(&gone),
             probes: PerRemote::new(&gone),
             labels_refused: PerRemote::new(&gone),
@@ -177,6 +179,11 @@ impl Default for Metrics {
             m.remote_profiles_refused.clone(),
         );
         registry.register(
+            "remote_refusals",
+            "Secrets, ClusterProfiles and the static remote refused as remotes, by kind (Secret, ClusterProfile, static) and reason (PinMismatch, NotAUuid, Held, AlreadyRead, ...), counted when an object's refusal is new or its reason changed",
+            m.remote_refusals.clone(),
+        );
+        registry.register(
             "remote_credential_renewals",
             "Renewals of the remote's token by outcome (renewed, failed)",
             m.credential_renewals.clone(),
@@ -215,6 +222,14 @@ const CREATED_ONLY: [&str; 2] = ["Namespace", "Event"];
 const UPDATED_ONLY: [&str; 1] = ["Secret"];
 
 impl Metrics {
+    /// The refusal series of a kind of remote object (`Secret`, `ClusterProfile`) at 0, one per
+    /// reason: a source of that kind runs.
+    pub fn init_refusals(&self, kind: &str, reasons: &[&str]) {
+        for reason in reasons {
+            touch(&self.remote_refusals, ByKindReason::new(kind, reason));
+        }
+    }
+
     /// A registry with the writer's series at 0; [`Metrics::init_remote`] adds a remote's.
     pub fn new() -> Self {
         let m = Self::default();
@@ -365,6 +380,7 @@ label_set!(ByVersion { version });
 label_set!(ByOutcome { outcome });
 label_set!(ByChange { change });
 label_set!(ByKindVerb { kind, verb });
+label_set!(ByKindReason { kind, reason });
 label_set!(ByKindVerbCode { kind, verb, code });
 label_set!(ByRemote { remote });
 label_set!(ByRemoteKind { remote, kind });

@@ -39,6 +39,19 @@ pub async fn kubeconfig_of(context: &str, edit: impl FnOnce(&mut Kubeconfig)) ->
     serde_yaml::to_string(&kc).expect("kubeconfig yaml")
 }
 
+/// Runs `remote-access` with `extra` (it must succeed): what it printed, and what it said on
+/// standard error.
+pub fn remote_access(extra: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(super::daemon::BIN)
+        .arg("remote-access")
+        .args(extra)
+        .output()
+        .expect("run remote-access");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "remote-access failed: {stderr}");
+    (String::from_utf8_lossy(&out.stdout).to_string(), stderr)
+}
+
 /// A remote Secret named `name`, naming remote `remote` by label (else named by the Secret).
 pub fn remote_secret(name: &str, remote: Option<&str>, kubeconfig: Option<&str>) -> Secret {
     let mut labels = json!({"fair.com/cross-cluster-remote": "true"});
