@@ -1119,7 +1119,7 @@ async fn a_newcomer_older_by_its_timestamp_does_not_take_the_imports_properties(
             done: "south exported web (Local) a second before east (Cluster); west's daemon read east alone, then south's Secret was applied; then east unexported",
             converge: Some(took),
             note: format!(
-                "south listed and its endpoint imported {:.1} s after its Secret, the import and its derived Service kept east's Cluster (holder annotation east), a ServiceConflict Event named east as holder; once east unexported, south took over (Local, holder south)",
+                "south listed in the import {:.1} s after its Secret and its endpoint imported; the import and its derived Service kept east's Cluster (holder annotation east) and a ServiceConflict Event named east as the holder; once east unexported, south took over (Local, holder south). With the rule removed, south took Local at once",
                 took.as_secs_f64()
             ),
         },
