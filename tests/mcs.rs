@@ -981,3 +981,149 @@ async fn an_export_into_kube_system_is_never_imported() {
         .await
         .expect("nothing written in kube-system");
 }
+
+/// The creationTimestamp of the export `name` in `c`.
+async fn export_created(c: &Client, ns: &str, name: &str) -> k8s_openapi::jiff::Timestamp {
+    let se = Api::<ServiceExport>::namespaced(c.clone(), ns)
+        .get(name)
+        .await
+        .expect("get the ServiceExport");
+    se.metadata
+        .creation_timestamp
+        .expect("a creationTimestamp")
+        .0
+}
+
+/// The import `web`'s internalTrafficPolicy and the holder it records, once they are `want`;
+/// and the derived Service's policy (what kube-proxy applies) the same.
+async fn web_held_by(c: &Client, ns: &str, want: (&str, &str)) {
+    let imports: Api<ServiceImport> = Api::namespaced(c.clone(), ns);
+    let services: Api<Service> = Api::namespaced(c.clone(), ns);
+    let derived = derived_name(ns, "web");
+    eventually(
+        &format!("the import web held as {want:?}"),
+        WAIT,
+        || async {
+            let si = imports.get("web").await.map_err(|e| e.to_string())?;
+            let holder = si.annotations().get(HOLDER).cloned().unwrap_or_default();
+            let policy = si.spec.internal_traffic_policy.clone().unwrap_or_default();
+            let svc = services.get(&derived).await.map_err(|e| e.to_string())?;
+            let applied = svc.spec.and_then(|s| s.internal_traffic_policy);
+            let got = (policy.as_str(), holder.as_str());
+            if got == want && applied.as_deref() == Some(want.0) {
+                Ok(())
+            } else {
+                Err(format!("{got:?}, derived {applied:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+const HOLDER: &str = "cross-cluster-controller.fair.com/properties-holder";
+
+/// Issue 37 item 6. A real API server cannot backdate a creationTimestamp, so the attack is
+/// modelled by the order of joining: south exports `web` first (its export truly older) with
+/// `internalTrafficPolicy: Local`, which would black-hole the import for every west client on
+/// a node without a local endpoint (none has one: no cluster's pods run in west); west's daemon
+/// reads only east at first, whose export (`Cluster`) becomes the import's holder; then south
+/// joins, older by its timestamp. Without the holder rule south took the import's properties.
+#[tokio::test]
+async fn a_newcomer_older_by_its_timestamp_does_not_take_the_imports_properties() {
+    use k8s_openapi::api::core::v1::Secret;
+    use support::fault::{Lost, Report, conclude, snapshot};
+    use support::mcs::crds_in;
+    use support::remotes::{apply_secret, kubeconfig_of, remote_secret};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    support::extra_cluster(SOUTH, "").await;
+    crds().await;
+    crds_in(SOUTH).await;
+    let ns = support::namespace_in("mcs-holder", &[REMOTE, LOCAL, SOUTH]).await;
+    let n = ns.name.as_str();
+    let (east, south, west) = (
+        client(REMOTE).await,
+        client(SOUTH).await,
+        client(LOCAL).await,
+    );
+    service(&south, n, "web", 80, &[SOUTH_IP]).await;
+    let local_policy = json!({"spec": {"internalTrafficPolicy": "Local"}});
+    Api::<Service>::namespaced(south.clone(), n)
+        .patch("web", &PatchParams::default(), &Patch::Merge(&local_policy))
+        .await
+        .expect("south's web: Local");
+    export(&south, n, "web").await;
+    let south_made = export_created(&south, n, "web").await;
+    // creationTimestamp counts seconds: east's must fall in a later one
+    eventually(
+        "the clock past the second of south's export",
+        WAIT,
+        || async {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            (now.as_second() > south_made.as_second())
+                .then_some(())
+                .ok_or(format!("now {now}, south's export {south_made}"))
+        },
+    )
+    .await;
+    service(&east, n, "web", 80, &["10.201.1.5"]).await;
+    export(&east, n, "web").await;
+    let east_made = export_created(&east, n, "web").await;
+    assert!(south_made < east_made, "{south_made} < {east_made}");
+
+    // west reads east only: east's export is the import's holder
+    let before = snapshot(&west, &[n]).await;
+    let d = daemon(n, &[]).await;
+    import_listing(&west, n, "web", &[REMOTE]).await;
+    web_held_by(&west, n, ("Cluster", REMOTE)).await;
+
+    // south joins, its export older than east's: a member, its endpoints imported, and the
+    // import keeps east's properties
+    let secrets: Api<Secret> = Api::namespaced(west.clone(), n);
+    let kc = kubeconfig_of(SOUTH, |_| {}).await;
+    let t0 = std::time::Instant::now();
+    apply_secret(&secrets, &remote_secret(SOUTH, None, Some(&kc))).await;
+    // the status lists south in the same pass that writes the spec: no later flip to wait for
+    import_listing(&west, n, "web", &[REMOTE, SOUTH]).await;
+    let took = t0.elapsed();
+    web_held_by(&west, n, ("Cluster", REMOTE)).await;
+    slices_are(
+        &west,
+        n,
+        "web",
+        &[(REMOTE, &["10.201.1.5"]), (SOUTH, &[SOUTH_IP])],
+    )
+    .await;
+    let notes = eventually("the ServiceConflict Event on the import", WAIT, || {
+        support::event_notes(LOCAL, n, "ServiceConflict", Some(("ServiceImport", "web")))
+    })
+    .await;
+    assert!(
+        notes.iter().any(|note| note
+            .contains("cluster \"east\"'s properties (it holds the import")
+            && note.contains("internalTrafficPolicy by \"south\"")),
+        "{notes:?}"
+    );
+
+    // east stops exporting: south, the oldest left, takes over and becomes the holder
+    unexport(&east, n, "web").await;
+    import_listing(&west, n, "web", &[SOUTH]).await;
+    web_held_by(&west, n, ("Local", SOUTH)).await;
+    slices_are(&west, n, "web", &[(SOUTH, &[SOUTH_IP])]).await;
+    assert!(d.exited().is_none(), "{}", d.logs());
+
+    let after = snapshot(&west, &[n]).await;
+    conclude(
+        Report {
+            id: "59-contain-mcs-holder",
+            scenario: "An MCS export that joins later but claims to be older (its creationTimestamp; on the bed, a cluster that exported first and joined second) asks for internalTrafficPolicy Local",
+            done: "south exported web (Local) a second before east (Cluster); west's daemon read east alone, then south's Secret was applied; then east unexported",
+            converge: Some(took),
+            note: format!(
+                "south listed in the import {:.1} s after its Secret and its endpoint imported; the import and its derived Service kept east's Cluster (holder annotation east) and a ServiceConflict Event named east as the holder; once east unexported, south took over (Local, holder south). With the rule removed, south took Local at once",
+                took.as_secs_f64()
+            ),
+        },
+        &Lost::nothing_to_lose(),
+        &before.non_followers_touched(&after),
+    );
+}

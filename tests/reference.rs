@@ -1,12 +1,16 @@
 //! docs/reference.md is generated from the code: the flags (clap's definitions, with their
 //! environment variables and defaults), the metrics (the registry as the daemon publishes it),
-//! and the labels and annotations a follower carries. This test fails when the page drifts from
+//! and the labels and annotations a follower (or, with `--mcs`, a ServiceImport) carries. This test fails when the page drifts from
 //! the code; `XCC_WRITE_REFERENCE=1 cargo test --test reference` writes it anew.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use clap::CommandFactory;
 use cross_cluster_controller::cli::Cli;
+use cross_cluster_controller::desired::mcs::{
+    COPIED_ANNOTATIONS_ANNOTATION, COPIED_LABELS_ANNOTATION, DERIVED_SERVICE_ANNOTATION,
+    ENDPOINTS_ANNOTATION, HOLDER_ANNOTATION, OWNER_LABEL,
+};
 use cross_cluster_controller::desired::{
     self, MANAGED_BY, MANAGED_BY_LABEL, MCS_SOURCE_CLUSTER_LABEL, Options, SERVICE_NAME_LABEL,
     SKIP_MIRROR_LABEL,
@@ -221,6 +225,36 @@ fn names() -> String {
             format!("{SKIP_MIRROR_LABEL}=true"),
             "label",
             "on legacy Endpoints when slices are written too (`--endpoints-mode both`)",
+        ),
+        (
+            format!("{OWNER_LABEL}={MANAGED_BY}"),
+            "label",
+            "`--mcs`: on our ServiceImports and derived Services",
+        ),
+        (
+            DERIVED_SERVICE_ANNOTATION.to_string(),
+            "annotation",
+            "`--mcs`: on a ServiceImport, its derived Service",
+        ),
+        (
+            HOLDER_ANNOTATION.to_string(),
+            "annotation",
+            "`--mcs`: on a ServiceImport, the cluster whose export's properties it took; that export keeps them while it exports (docs/mcs.md, Conflicts)",
+        ),
+        (
+            ENDPOINTS_ANNOTATION.to_string(),
+            "annotation",
+            "`--mcs`: on a ServiceImport, each exporting cluster's endpoints as published and ready",
+        ),
+        (
+            COPIED_LABELS_ANNOTATION.to_string(),
+            "annotation",
+            "`--mcs`: on a ServiceImport, the `exportedLabels` keys it copied",
+        ),
+        (
+            COPIED_ANNOTATIONS_ANNOTATION.to_string(),
+            "annotation",
+            "`--mcs`: on a ServiceImport, the `exportedAnnotations` keys it copied",
         ),
     ];
     let mut out = String::from("| key | kind | what |\n|---|---|---|\n");

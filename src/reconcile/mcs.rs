@@ -383,6 +383,7 @@ async fn converge(
             live_import = Some(replace_status(ctx, &mcs.imports, &obj, wrote).await?);
         }
         let import = live_import.as_ref();
+        note_conflicts(ctx, &imp, import).await;
         return export_status(ctx, mcs, snap, local, &exports, import, wrote).await;
     }
     Err(Stop::Err(Error::Retry(format!(
@@ -619,6 +620,18 @@ async fn export_status(
         replace_status(ctx, &mcs.source.exports, &obj, wrote).await?;
     }
     Ok(())
+}
+
+/// What the exports disagree on, as a `ServiceConflict` Event on the ServiceImport
+/// (rate-limited): whose properties it takes and why, and who differs. The local export's
+/// `Conflict` condition says the same, but only a cluster that exports sees one.
+async fn note_conflicts(ctx: &Ctx, imp: &mcs::Import, import: Option<&ServiceImport>) {
+    let Some(note) = mcs::conflicts_note(&imp.conflicts) else {
+        return;
+    };
+    let on = import.map(|i| i.object_ref(&()));
+    ctx.event(EventType::Warning, "ServiceConflict", note, "Import", on)
+        .await;
 }
 
 fn from(cluster: &str) -> Recorded {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::error::McsError;
-use super::judge::{ClusterExport, Validity, judge, validity};
+use super::import::holder;
+use super::judge::{ClusterExport, Validity, cut_at, judge, validity};
 use super::types::{ServiceExport, ServiceExportStatus, ServiceImport};
 
 /// The export's Service exists and can be exported.
@@ -25,7 +26,8 @@ const MESSAGE_MAX: usize = 32768;
 ///
 /// `exports` holds every cluster's export of one namespace/name, the local one (`local`)
 /// included, each with its Service if that cluster has one. `local_import` is the live local
-/// ServiceImport of the key, if any: the export is `Ready` once it lists `local`.
+/// ServiceImport of the key, if any: the export is `Ready` once it lists `local`, and the holder
+/// it records wins as it does in the import (see `judge`).
 ///
 /// * `Valid`: True (`Valid`), or False with `NoService` or `InvalidServiceType` (ExternalName).
 /// * `Ready`: True (`Exported`) once the local ServiceImport lists this cluster; False with
@@ -53,7 +55,8 @@ pub fn export_conditions(
         meta.namespace.as_deref().unwrap_or(""),
         meta.name.as_deref().unwrap_or(""),
     );
-    let judgement = judge(namespace, name, exports)?;
+    // the winner the import took, so the conditions name it
+    let judgement = judge(namespace, name, exports, holder(local_import))?;
     let key = format!("{namespace}/{name}");
 
     let validity = validity(mine);
@@ -141,15 +144,8 @@ pub fn export_conditions(
 }
 
 /// At most [`MESSAGE_MAX`] bytes, cut at a character boundary.
-fn bounded(mut message: String) -> String {
-    if message.len() > MESSAGE_MAX {
-        let mut end = MESSAGE_MAX;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-    }
-    message
+fn bounded(message: String) -> String {
+    cut_at(message, MESSAGE_MAX)
 }
 
 /// Compares the live ServiceExport's conditions with the desired ones (by type, every field):

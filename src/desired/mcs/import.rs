@@ -20,7 +20,7 @@ use super::types::{
 };
 use super::{
     COPIED_ANNOTATIONS_ANNOTATION, COPIED_LABELS_ANNOTATION, DERIVED_SERVICE_ANNOTATION,
-    MCS_SERVICE_NAME_LABEL, OWNER_LABEL,
+    HOLDER_ANNOTATION, MCS_SERVICE_NAME_LABEL, OWNER_LABEL,
 };
 use crate::desired::api::{
     CLUSTER_IP_NONE, IPV4, IPV6, PREFER_DUAL_STACK, PROTOCOL_TCP, SINGLE_STACK, TYPE_CLUSTER_IP,
@@ -106,9 +106,11 @@ pub fn import_owner(service_import: &ServiceImport) -> Option<OwnerReference> {
 /// collection).
 ///
 /// `live_import` and `live_derived` are the live local ServiceImport and derived Service, if
-/// any: the first gives the uid the derived objects are owned by (a ServiceImport that is not
-/// ours gives none, so nothing of the key is derived), the second the clusterset IPs
-/// (`spec.ips`, with `spec.ipFamilies` read from them, so both agree in length and order).
+/// any: the first gives the holder of the import's properties (see `judge`) and the uid the
+/// derived objects are owned by (a ServiceImport that is not ours gives neither, so nothing of
+/// the key is derived), the second the clusterset IPs (`spec.ips`, with `spec.ipFamilies` read
+/// from them, so both agree in length and order). The desired ServiceImport records the
+/// winner as the holder ([`HOLDER_ANNOTATION`]).
 pub fn import(
     namespace: &str,
     name: &str,
@@ -116,7 +118,7 @@ pub fn import(
     live_import: Option<&ServiceImport>,
     live_derived: Option<&Service>,
 ) -> Result<Option<Import>, McsError> {
-    let judgement = judge(namespace, name, exports)?;
+    let judgement = judge(namespace, name, exports, holder(live_import))?;
     let (Some(winner), Some(spec)) = (judgement.winner(), judgement.winner_spec()) else {
         return Ok(None);
     };
@@ -135,7 +137,8 @@ pub fn import(
         (Vec::new(), judgement.families())
     };
 
-    let (labels, annotations, dropped) = import_metadata(&winner.export.spec, &derived);
+    let (labels, mut annotations, dropped) = import_metadata(&winner.export.spec, &derived);
+    annotations.insert(HOLDER_ANNOTATION.to_string(), winner.cluster.to_string());
 
     let mut clusters: Vec<ClusterStatus> = judgement
         .members
@@ -205,9 +208,28 @@ pub fn import(
     }))
 }
 
+/// The holder of the import's properties a live ServiceImport of ours records, if any.
+pub(crate) fn holder(live_import: Option<&ServiceImport>) -> Option<&str> {
+    live_import
+        .filter(|si| import_is_ours(si))?
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(HOLDER_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// A key no export may set on the ServiceImport, label or annotation: a reserved prefix
+/// (`kubernetes.io`, `k8s.io`, `x-k8s.io` and their subdomains, ours), the rule a remote's
+/// labels pass in the label mode.
+fn reserved(key: &str) -> bool {
+    crate::desired::containment::reserved(key, crate::desired::DEFAULT_LABEL_KEY)
+}
+
 /// The ServiceImport's labels and annotations: the winning export's `exportedLabels` and
-/// `exportedAnnotations`, less what the API server would refuse or what would pass for ours
-/// (listed in the third part), with ours on top and a record of the keys copied.
+/// `exportedAnnotations`, less what the API server would refuse, what carries a reserved
+/// prefix or what would pass for ours (listed in the third part), with ours on top and a
+/// record of the keys copied.
 fn import_metadata(
     exported: &ServiceExportSpec,
     derived: &str,
@@ -217,10 +239,8 @@ fn import_metadata(
         .exported_labels
         .iter()
         .filter(|(k, v)| {
-            // reserved prefixes (kubernetes.io, k8s.io, x-k8s.io, ours) are never a remote's
-            let ok = meta::validate_label(k, v).is_ok()
-                && k.as_str() != OWNER_LABEL
-                && !crate::desired::containment::reserved(k, crate::desired::DEFAULT_LABEL_KEY);
+            let ok =
+                meta::validate_label(k, v).is_ok() && k.as_str() != OWNER_LABEL && !reserved(k);
             if !ok {
                 dropped.push(format!("label {k}"));
             }
@@ -235,6 +255,7 @@ fn import_metadata(
         COPIED_LABELS_ANNOTATION,
         COPIED_ANNOTATIONS_ANNOTATION,
         ENDPOINTS_ANNOTATION,
+        HOLDER_ANNOTATION,
     ];
     let mut annotations: StringMap = exported
         .exported_annotations
@@ -243,6 +264,7 @@ fn import_metadata(
             // a key ending like our record of copied labels would be taken for it
             let ok = meta::validate_qualified_name(k).is_ok()
                 && !ours.contains(&k.as_str())
+                && !reserved(k)
                 && !k.ends_with(COPIED_LABELS_SUFFIX);
             if !ok {
                 dropped.push(format!("annotation {k}"));

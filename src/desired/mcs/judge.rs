@@ -1,7 +1,14 @@
 //! The judgement every export of one namespace/name shares, whichever cluster makes it: which
-//! exports are valid, which one wins (the oldest), the union of their ports, and what they
-//! conflict on. The export status and the import are both read from it, so every cluster that
-//! sees the same exports reaches the same verdict.
+//! exports are valid, which one wins, the union of their ports, and what they conflict on. The
+//! export status and the import are both read from it, so a cluster's `Conflict` conditions name
+//! the winner its import took.
+//!
+//! Who wins: the holder, the cluster whose export's properties the live import took (recorded
+//! on it, [`HOLDER_ANNOTATION`](super::HOLDER_ANNOTATION)), for as long as its export is a
+//! valid member; without one (a first import, or the holder stopped exporting or its export
+//! became invalid), the oldest export (KEP-1645). A timestamp is the exporting API server's
+//! word, so it decides only between exports that were all there when the import was first
+//! written (or lost its holder): a newcomer that claims to be older takes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
@@ -125,12 +132,22 @@ impl ConflictReason {
     }
 }
 
+/// Why the winner wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Won {
+    /// Its export is the oldest (there is no holder, or the holder is the oldest too).
+    Oldest,
+    /// It holds the import's properties, and an export that claims to be older came later.
+    Held,
+}
+
 /// One property the exports disagree on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     pub reason: ConflictReason,
-    /// The cluster of the oldest export, whose value the import takes.
+    /// The cluster whose value the import takes (the holder, else the oldest export).
     pub winner: String,
+    pub won: Won,
     /// The clusters whose value differs from the winner's, sorted.
     pub clusters: Vec<String>,
 }
@@ -138,11 +155,14 @@ pub struct Conflict {
 impl Conflict {
     /// A line for the `Conflict` condition: the field, who won and why, who differs.
     pub fn message(&self) -> String {
+        let whose = match self.won {
+            Won::Oldest => "the oldest export's (cluster {w})",
+            Won::Held => "cluster {w}'s, which the import holds (a later export takes nothing)",
+        };
         let taken = if self.reason == ConflictReason::Port {
-            "the import has their union, and where two ports conflict the oldest export's \
-             (cluster {w}) wins"
+            format!("the import has their union, and where two ports conflict {whose} wins")
         } else {
-            "the import takes the oldest export's (cluster {w})"
+            format!("the import takes {whose}")
         };
         let (who, verb) = if self.clusters.len() == 1 {
             ("cluster", "differs")
@@ -156,6 +176,41 @@ impl Conflict {
             listed(&self.clusters),
         )
     }
+}
+
+/// The Event API's limit on a note, in bytes.
+const NOTE_MAX: usize = 1024;
+
+/// One line for an Event on the ServiceImport: whose properties it takes and why, and which
+/// clusters differ on what; `None` without conflicts. At most [`NOTE_MAX`] bytes.
+pub fn conflicts_note(conflicts: &[Conflict]) -> Option<String> {
+    let first = conflicts.first()?;
+    let why = match first.won {
+        Won::Oldest => "the oldest export",
+        Won::Held => "it holds the import; a later export takes nothing",
+    };
+    let differing: Vec<String> = conflicts
+        .iter()
+        .map(|c| format!("{} by {}", c.reason.field(), listed(&c.clusters)))
+        .collect();
+    let note = format!(
+        "the import takes cluster {:?}'s properties ({why}); differing: {}",
+        first.winner,
+        differing.join("; ")
+    );
+    Some(cut_at(note, NOTE_MAX))
+}
+
+/// At most `max` bytes, cut at a character boundary.
+pub(super) fn cut_at(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// `"a", "b" and 3 more`
@@ -175,7 +230,8 @@ fn listed(names: &[String]) -> String {
 /// The shared verdict on one namespace/name.
 #[derive(Debug)]
 pub(crate) struct Judgement<'e, 'a> {
-    /// The valid exports not being deleted, oldest first: `members[0]` wins.
+    /// The valid exports not being deleted, the holder first, then oldest first: `members[0]`
+    /// wins.
     pub(crate) members: Vec<&'e ClusterExport<'a>>,
     pub(crate) conflicts: Vec<Conflict>,
 }
@@ -194,11 +250,13 @@ fn age_key<'a>(e: &'a ClusterExport<'_>) -> (bool, Option<&'a Time>, &'a str) {
 }
 
 /// Checks the inputs (cluster names valid and distinct, every export of `namespace/name`) and
-/// judges them.
+/// judges them. `holder` is the cluster the live import records as the holder of its
+/// properties, if any (see the module).
 pub(crate) fn judge<'e, 'a>(
     namespace: &str,
     name: &str,
     exports: &'e [ClusterExport<'a>],
+    holder: Option<&str>,
 ) -> Result<Judgement<'e, 'a>, McsError> {
     let mut seen = BTreeSet::new();
     let expected = format!("{namespace}/{name}");
@@ -229,7 +287,15 @@ pub(crate) fn judge<'e, 'a>(
         .filter(|e| e.export.metadata.deletion_timestamp.is_none())
         .collect();
     members.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
-    let conflicts = conflicts(&members);
+    let won = match holder.and_then(|h| members.iter().position(|e| e.cluster == h)) {
+        // the holder keeps what it holds; the others keep their order behind it
+        Some(i) if i > 0 => {
+            members[..=i].rotate_right(1);
+            Won::Held
+        }
+        _ => Won::Oldest,
+    };
+    let conflicts = conflicts(&members, won);
     Ok(Judgement { members, conflicts })
 }
 
@@ -324,7 +390,7 @@ fn differing<K: PartialEq>(
     out
 }
 
-fn conflicts(members: &[&ClusterExport<'_>]) -> Vec<Conflict> {
+fn conflicts(members: &[&ClusterExport<'_>], won: Won) -> Vec<Conflict> {
     let Some(winner) = members.first() else {
         return Vec::new();
     };
@@ -366,6 +432,7 @@ fn conflicts(members: &[&ClusterExport<'_>]) -> Vec<Conflict> {
             out.push(Conflict {
                 reason,
                 winner: winner.cluster.to_string(),
+                won,
                 clusters,
             });
         }
@@ -374,7 +441,8 @@ fn conflicts(members: &[&ClusterExport<'_>]) -> Vec<Conflict> {
 }
 
 impl Judgement<'_, '_> {
-    /// The union of the members' ports, oldest export first (KEP-1645 "Service Port"): a port
+    /// The union of the members' ports, the winner's first, then oldest first (KEP-1645
+    /// "Service Port"): a port
     /// whose name is taken, whose protocol and number are taken, or that would leave an unnamed
     /// port beside others is left out. Sorted by name, protocol, number.
     pub(crate) fn ports(&self) -> Vec<ServicePort> {

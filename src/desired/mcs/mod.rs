@@ -19,12 +19,16 @@
 //!
 //! Design decisions:
 //!
-//! * **Who wins**: the valid exports (a Service exists and is not ExternalName; an export being
-//!   deleted takes no part) ordered by the ServiceExport's creationTimestamp, then cluster name;
-//!   the oldest decides type, affinity, traffic fields and exported labels/annotations. Ports
-//!   are the union by name, then by protocol and number, oldest first (KEP-1645 "Service
-//!   Port"). Any difference raises `Conflict` on every valid export, the winner's included, as
-//!   the KEP and the conformance suite ask.
+//! * **Who wins**: among the valid exports (a Service exists and is not ExternalName; an export
+//!   being deleted takes no part), the holder the live ServiceImport records
+//!   ([`HOLDER_ANNOTATION`]) while it is one of them; otherwise the oldest by the ServiceExport's
+//!   creationTimestamp, then cluster name, which becomes the holder. The winner decides type,
+//!   affinity, traffic fields and exported labels/annotations. A creationTimestamp is the
+//!   exporting API server's word: it decides only between exports present when the import had
+//!   no holder, so an export that comes later and claims to be older takes nothing. Ports are
+//!   the union by name, then by protocol and number, the winner's first, then oldest first
+//!   (KEP-1645 "Service Port"). Any difference raises `Conflict` on every valid export, the
+//!   winner's included, as the KEP and the conformance suite ask.
 //! * **Names**: the ServiceImport is named as the Service. The derived Service is
 //!   `derived-<10 base32hex characters of sha256("<ns>/<name>")>`, mcs-api's reference
 //!   controller's name: a DNS label for any Service name, stable, recorded on the ServiceImport
@@ -91,7 +95,7 @@ pub use export::{
     CONDITION_CONFLICT, CONDITION_READY, CONDITION_VALID, export_conditions, export_status_change,
 };
 pub use import::{Import, derived_name, import, import_owner};
-pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, validity};
+pub use judge::{ClusterExport, Conflict, ConflictReason, Validity, Won, conflicts_note, validity};
 pub use locality::{ELSEWHERE, Here, Localized, Preference, localize};
 pub use names::{Claim, Grant, Holders, Identity};
 pub use readiness::{
@@ -109,6 +113,10 @@ pub const COPIED_LABELS_ANNOTATION: &str = "cross-cluster-controller.fair.com/co
 /// Annotation on a ServiceImport listing the exported annotation keys it copied.
 pub const COPIED_ANNOTATIONS_ANNOTATION: &str =
     "cross-cluster-controller.fair.com/copied-annotations";
+/// Annotation on a ServiceImport naming the cluster whose export's properties it took (its
+/// holder): that export keeps them while it is a valid member, whatever a later export claims
+/// its age to be.
+pub const HOLDER_ANNOTATION: &str = "cross-cluster-controller.fair.com/properties-holder";
 
 /// The source Services and EndpointSlices of an exporting namespace: everything but our own
 /// (derived Services and MCS slices carry `multicluster.kubernetes.io/service-name`; the label

@@ -1,6 +1,8 @@
 use super::*;
 use crate::desired::mcs::test_support::*;
 use crate::desired::mcs::types::{ClusterStatus, ServiceImportStatus};
+use crate::desired::mcs::{HOLDER_ANNOTATION, OWNER_LABEL};
+use crate::desired::options::MANAGED_BY;
 use serde_json::json;
 
 fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
@@ -281,4 +283,44 @@ fn messages_are_bounded() {
     let cut = bounded(long);
     assert!(cut.len() <= MESSAGE_MAX && cut.is_char_boundary(cut.len()));
     assert_eq!(bounded("short".into()), "short");
+}
+
+#[test]
+fn the_conflict_names_the_holder_the_import_records() {
+    let now = time("2024-06-01T00:00:00Z");
+    // south came later, claiming an export older than east's
+    let (east, south) = (
+        export("east", "2024-01-01T00:00:00Z"),
+        export("south", "2020-01-01T00:00:00Z"),
+    );
+    let (a, b) = (
+        hello(),
+        hello_with(json!({"internalTrafficPolicy": "Local"})),
+    );
+    let exports = [
+        member("east", &east, Some(&a)),
+        member("south", &south, Some(&b)),
+    ];
+    let mut held = import_listing(&["east", "south"]);
+    held.metadata.labels = Some([(OWNER_LABEL.into(), MANAGED_BY.into())].into());
+    held.metadata.annotations = Some([(HOLDER_ANNOTATION.into(), "east".into())].into());
+    let got = export_conditions("east", &exports, Some(&held), &now).unwrap();
+    let c = find(&got, CONDITION_CONFLICT).unwrap();
+    assert_eq!(c.reason, "InternalTrafficPolicyConflict");
+    assert!(
+        c.message
+            .contains("the import takes cluster \"east\"'s, which the import holds"),
+        "{}",
+        c.message
+    );
+    // a ServiceImport that is not ours records nothing: the oldest
+    held.metadata.labels = None;
+    let got = export_conditions("east", &exports, Some(&held), &now).unwrap();
+    let c = find(&got, CONDITION_CONFLICT).unwrap();
+    assert!(
+        c.message
+            .contains("the oldest export's (cluster \"south\")"),
+        "{}",
+        c.message
+    );
 }

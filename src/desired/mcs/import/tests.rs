@@ -874,3 +874,114 @@ fn not_ready_and_terminating_endpoints_are_mirrored() {
         (Some(false), Some(true), Some(true))
     );
 }
+
+fn holder_of(si: &ServiceImport) -> &str {
+    &si.metadata.annotations.as_ref().unwrap()[HOLDER_ANNOTATION]
+}
+
+#[test]
+fn a_backdated_newcomer_leaves_the_import_to_its_holder() {
+    let east = export("east", "2024-01-01T00:00:00Z");
+    // south joins later, its export claiming to be older, asking for Local and its own tcp port
+    let south = export("south", "2020-01-01T00:00:00Z");
+    let (svc, hostile) = (
+        hello(),
+        hello_with(json!({"internalTrafficPolicy": "Local",
+            "ports": [{"name": "tcp", "port": 4242, "protocol": "TCP"},
+                      {"name": "udp", "port": 42, "protocol": "UDP"}]})),
+    );
+    let alone = [member("east", &east, Some(&svc))];
+    let first = converge(&alone, &["10.96.7.7"], &["IPv4"]);
+    assert_eq!(holder_of(&first.service_import), "east");
+    let live_si = created(&first.service_import);
+    let live = live_derived(first.derived.as_ref().unwrap(), &["10.96.7.7"], &["IPv4"]);
+
+    let both = [
+        member("east", &east, Some(&svc)),
+        member("south", &south, Some(&hostile)),
+    ];
+    let got = import("shop", "hello", &both, Some(&live_si), Some(&live))
+        .unwrap()
+        .unwrap();
+    let spec = &got.service_import.spec;
+    assert_eq!(spec.internal_traffic_policy.as_deref(), Some("Cluster"));
+    assert!(spec.ports.iter().any(|p| p.name == "tcp" && p.port == 42));
+    assert_eq!(holder_of(&got.service_import), "east");
+    let derived = got.derived.as_ref().unwrap().spec.as_ref().unwrap();
+    assert_eq!(derived.internal_traffic_policy.as_deref(), Some("Cluster"));
+    // south is a member: listed, its conflicts named
+    let listed = &got.service_import.status.as_ref().unwrap().clusters;
+    assert_eq!(listed.len(), 2);
+    assert!(got.conflicts.iter().all(|c| c.winner == "east"));
+    // the spec and the holder are what the live import has: only the listing changes
+    match import_change(Some(&live_si), &got.service_import) {
+        Change::Update(u) => {
+            assert_eq!(u.spec, live_si.spec);
+            assert_eq!(holder_of(&u), "east");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // without a holder (a first write with both there), the oldest takes it
+    let fresh = import("shop", "hello", &both, None, None).unwrap().unwrap();
+    assert_eq!(holder_of(&fresh.service_import), "south");
+    assert_eq!(
+        fresh.service_import.spec.internal_traffic_policy.as_deref(),
+        Some("Local")
+    );
+
+    // east stops exporting: the oldest left takes over and becomes the holder
+    let left = [member("south", &south, Some(&hostile))];
+    let got = import("shop", "hello", &left, Some(&live_si), Some(&live))
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder_of(&got.service_import), "south");
+    assert_eq!(
+        got.service_import.spec.internal_traffic_policy.as_deref(),
+        Some("Local")
+    );
+}
+
+#[test]
+fn exported_annotations_of_reserved_prefixes_are_dropped() {
+    let mut b = bed();
+    let a = &mut b.older.spec.exported_annotations;
+    for k in [
+        "note",
+        "example.com/kept",
+        "kubernetes.io/change-cause",
+        "service.kubernetes.io/topology-mode",
+        "x-k8s.io/thing",
+        "fair.com/cross-cluster-origin-cluster",
+        "cross-cluster-controller.fair.com/made-up",
+        HOLDER_ANNOTATION,
+    ] {
+        a.insert(k.into(), "west".into());
+    }
+    let svc = hello();
+    let exports = [member("east", &b.older, Some(&svc))];
+    let got = import("shop", "hello", &exports, None, None)
+        .unwrap()
+        .unwrap();
+    let annotations = got.service_import.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations["note"], "west");
+    assert_eq!(annotations["example.com/kept"], "west");
+    assert_eq!(annotations[HOLDER_ANNOTATION], "east");
+    assert_eq!(
+        annotations[COPIED_ANNOTATIONS_ANNOTATION],
+        "example.com/kept,note"
+    );
+    let mut dropped = got.dropped.clone();
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        [
+            "annotation cross-cluster-controller.fair.com/made-up",
+            "annotation cross-cluster-controller.fair.com/properties-holder",
+            "annotation fair.com/cross-cluster-origin-cluster",
+            "annotation kubernetes.io/change-cause",
+            "annotation service.kubernetes.io/topology-mode",
+            "annotation x-k8s.io/thing",
+        ]
+    );
+}

@@ -54,7 +54,7 @@ fn the_oldest_valid_export_wins_and_ties_go_by_cluster_name() {
         member("south", &d, None),
         member("alpha", &undated, Some(&svc)),
     ];
-    let j = judge("shop", "hello", &exports).unwrap();
+    let j = judge("shop", "hello", &exports, None).unwrap();
     let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
     assert_eq!(order, ["east", "north", "west", "alpha"]);
     assert!(j.conflicts.is_empty(), "{:?}", j.conflicts);
@@ -70,7 +70,7 @@ fn an_export_being_deleted_takes_no_part() {
         member("east", &a, Some(&svc)),
         member("west", &b, Some(&svc)),
     ];
-    let j = judge("shop", "hello", &exports).unwrap();
+    let j = judge("shop", "hello", &exports, None).unwrap();
     assert_eq!(j.winner().unwrap().cluster, "east");
     assert_eq!(j.members.len(), 1);
 }
@@ -81,19 +81,24 @@ fn inputs_are_checked() {
     let svc = hello();
     let bad = [member("East_1", &a, Some(&svc))];
     assert_eq!(
-        judge("shop", "hello", &bad).unwrap_err(),
+        judge("shop", "hello", &bad, None).unwrap_err(),
         McsError::InvalidClusterName("East_1".into())
     );
     let twice = [member("east", &a, Some(&svc)), member("east", &a, None)];
     assert_eq!(
-        judge("shop", "hello", &twice).unwrap_err(),
+        judge("shop", "hello", &twice, None).unwrap_err(),
         McsError::DuplicateCluster("east".into())
     );
     let one = [member("east", &a, Some(&svc))];
-    let err = judge("shop", "web", &one).unwrap_err();
+    let err = judge("shop", "web", &one, None).unwrap_err();
     assert_eq!(err.reason(), "OtherKey");
     assert!(err.to_string().contains("shop/hello"), "{err}");
-    assert!(judge("shop", "hello", &[]).unwrap().winner().is_none());
+    assert!(
+        judge("shop", "hello", &[], None)
+            .unwrap()
+            .winner()
+            .is_none()
+    );
 }
 
 /// The conflict cases of the conformance suite and KEP-1645, each against the winner's
@@ -169,7 +174,7 @@ fn conflicts_table() {
             member("west", &newer, Some(&theirs)),
             member("east", &older, Some(&winner)),
         ];
-        let j = judge("shop", "hello", &exports).unwrap();
+        let j = judge("shop", "hello", &exports, None).unwrap();
         let got: Vec<&str> = j.conflicts.iter().map(|c| c.reason.reason()).collect();
         assert_eq!(got, want, "{what}");
         assert!(j.conflicts.iter().all(|c| c.winner == "east"), "{what}");
@@ -193,7 +198,7 @@ fn defaults_are_no_conflict() {
         member("west", &newer, Some(&b)),
     ];
     assert!(
-        judge("shop", "hello", &exports)
+        judge("shop", "hello", &exports, None)
             .unwrap()
             .conflicts
             .is_empty()
@@ -225,7 +230,7 @@ fn exported_labels_and_annotations_conflict() {
         member("east", &older, Some(&svc)),
         member("west", &newer, Some(&svc)),
     ];
-    let j = judge("shop", "hello", &exports).unwrap();
+    let j = judge("shop", "hello", &exports, None).unwrap();
     assert_eq!(
         reasons(&j),
         [
@@ -252,7 +257,7 @@ fn three_clusters_the_oldest_wins_and_each_differing_one_is_named() {
         member("c2", &b, Some(&s2)),
         member("c3", &c, Some(&s3)),
     ];
-    let j = judge("shop", "hello", &exports).unwrap();
+    let j = judge("shop", "hello", &exports, None).unwrap();
     assert_eq!(j.winner().unwrap().cluster, "c2");
     assert_eq!(
         reasons(&j),
@@ -313,7 +318,7 @@ fn ports_are_the_union_with_the_oldest_winning() {
             member("west", &newer, Some(&theirs)),
             member("east", &older, Some(&winner)),
         ];
-        let j = judge("shop", "hello", &exports).unwrap();
+        let j = judge("shop", "hello", &exports, None).unwrap();
         let got: Vec<(String, String, i32)> = j
             .ports()
             .into_iter()
@@ -337,7 +342,7 @@ fn families_lead_with_the_winners_primary() {
         member("east", &older, Some(&v6)),
         member("west", &newer, Some(&dual)),
     ];
-    let j = judge("shop", "hello", &exports).unwrap();
+    let j = judge("shop", "hello", &exports, None).unwrap();
     assert_eq!(j.families(), ["IPv6", "IPv4"]);
 }
 
@@ -347,6 +352,7 @@ fn long_cluster_lists_are_counted() {
     let c = Conflict {
         reason: ConflictReason::Type,
         winner: "w".into(),
+        won: Won::Oldest,
         clusters: names,
     };
     let m = c.message();
@@ -354,5 +360,143 @@ fn long_cluster_lists_are_counted() {
     assert!(
         m.starts_with("type (ClusterSetIP or Headless): the import takes the oldest"),
         "{m}"
+    );
+}
+
+/// east holds the import with `Cluster`; south comes later claiming an older export, with
+/// `internalTrafficPolicy: Local` and its own `tcp` port.
+fn backdated_south() -> (ServiceExport, ServiceExport, Service, Service) {
+    let east = export("east", "2024-01-01T00:00:00Z");
+    let south = export("south", "2020-01-01T00:00:00Z");
+    let hostile = hello_with(json!({"internalTrafficPolicy": "Local",
+        "ports": [{"name": "tcp", "port": 4242, "protocol": "TCP"}]}));
+    (east, south, hello(), hostile)
+}
+
+#[test]
+fn a_backdated_newcomer_does_not_take_the_properties_from_the_holder() {
+    let (east, south, svc, hostile) = backdated_south();
+    let exports = [
+        member("south", &south, Some(&hostile)),
+        member("east", &east, Some(&svc)),
+    ];
+    let j = judge("shop", "hello", &exports, Some("east")).unwrap();
+    let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
+    assert_eq!(order, ["east", "south"], "south stays a member, behind");
+    assert_eq!(
+        j.winner_spec().unwrap().internal_traffic_policy.as_deref(),
+        Some("Cluster")
+    );
+    // east's tcp/42 keeps the name; south's tcp/4242 loses it
+    let ports: Vec<(String, i32)> = j.ports().into_iter().map(|p| (p.name, p.port)).collect();
+    assert_eq!(ports, [("tcp".to_string(), 42), ("udp".to_string(), 42)]);
+    assert_eq!(
+        reasons(&j),
+        [
+            ("PortConflict", vec!["south".to_string()]),
+            ("InternalTrafficPolicyConflict", vec!["south".to_string()])
+        ]
+    );
+    assert!(j.conflicts.iter().all(|c| c.winner == "east"));
+    assert!(j.conflicts.iter().all(|c| c.won == Won::Held));
+    let m = j.conflicts[1].message();
+    assert!(
+        m.contains("cluster \"east\"'s, which the import holds"),
+        "{m}"
+    );
+}
+
+#[test]
+fn without_a_holder_the_oldest_wins() {
+    let (east, south, svc, hostile) = backdated_south();
+    let exports = [
+        member("east", &east, Some(&svc)),
+        member("south", &south, Some(&hostile)),
+    ];
+    // no holder, or a holder that exports nothing here
+    for holder in [None, Some("north")] {
+        let j = judge("shop", "hello", &exports, holder).unwrap();
+        assert_eq!(j.winner().unwrap().cluster, "south", "{holder:?}");
+        assert!(j.conflicts.iter().all(|c| c.won == Won::Oldest));
+        let m = j.conflicts[0].message();
+        assert!(m.contains("the oldest export's (cluster \"south\")"), "{m}");
+    }
+    // a holder that is also the oldest wins by age: the message is the KEP's
+    let j = judge("shop", "hello", &exports, Some("south")).unwrap();
+    assert_eq!(j.winner().unwrap().cluster, "south");
+    assert!(j.conflicts.iter().all(|c| c.won == Won::Oldest));
+}
+
+#[test]
+fn a_holder_that_stops_being_a_member_leaves_it_to_the_oldest_remaining() {
+    let (east, south, svc, hostile) = backdated_south();
+    let north = export("north", "2022-01-01T00:00:00Z");
+    let mut gone = east.clone();
+    gone.metadata.deletion_timestamp = Some(time("2024-06-01T00:00:00Z"));
+    let cases = [
+        ("being deleted", member("east", &gone, Some(&svc))),
+        ("its Service gone", member("east", &east, None)),
+    ];
+    for (what, holder) in cases {
+        let exports = [
+            holder,
+            member("south", &south, Some(&hostile)),
+            member("north", &north, Some(&svc)),
+        ];
+        let j = judge("shop", "hello", &exports, Some("east")).unwrap();
+        let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
+        assert_eq!(order, ["south", "north"], "{what}");
+    }
+    // its export gone from the inputs altogether
+    let exports = [
+        member("north", &north, Some(&svc)),
+        member("south", &south, Some(&hostile)),
+    ];
+    let j = judge("shop", "hello", &exports, Some("east")).unwrap();
+    assert_eq!(j.winner().unwrap().cluster, "south");
+}
+
+#[test]
+fn the_holder_goes_first_and_the_rest_keep_their_age_order() {
+    let (a, b, c) = (
+        export("c1", "2024-01-01T00:00:01Z"),
+        export("c2", "2024-01-01T00:00:02Z"),
+        export("c3", "2024-01-01T00:00:03Z"),
+    );
+    let svc = hello();
+    let exports = [
+        member("c3", &c, Some(&svc)),
+        member("c1", &a, Some(&svc)),
+        member("c2", &b, Some(&svc)),
+    ];
+    let j = judge("shop", "hello", &exports, Some("c3")).unwrap();
+    let order: Vec<&str> = j.members.iter().map(|e| e.cluster).collect();
+    assert_eq!(order, ["c3", "c1", "c2"]);
+}
+
+#[test]
+fn the_conflicts_note_names_the_winner_why_and_who_differs_within_the_event_limit() {
+    let (east, south, svc, hostile) = backdated_south();
+    let exports = [
+        member("east", &east, Some(&svc)),
+        member("south", &south, Some(&hostile)),
+    ];
+    let j = judge("shop", "hello", &exports, Some("east")).unwrap();
+    assert_eq!(
+        conflicts_note(&j.conflicts).unwrap(),
+        "the import takes cluster \"east\"'s properties (it holds the import; a later export \
+         takes nothing); differing: ports by \"south\"; internalTrafficPolicy by \"south\""
+    );
+    assert!(conflicts_note(&[]).is_none());
+    let many = Conflict {
+        reason: ConflictReason::Port,
+        winner: "w".into(),
+        won: Won::Oldest,
+        clusters: (0..10).map(|i| format!("{i}{}", "é".repeat(30))).collect(),
+    };
+    let note = conflicts_note(&vec![many; 9]).unwrap();
+    assert!(
+        note.len() <= 1024
+            && note.starts_with("the import takes cluster \"w\"'s properties (the oldest export)")
     );
 }
