@@ -4,6 +4,7 @@ use clap::Args;
 
 use crate::desired::check_label_entry;
 use crate::desired::containment::{Containment, DEFAULT_PROTECTED_NAMESPACES};
+use crate::desired::limits::WriteLimits;
 
 /// What a remote may never decide about local objects.
 #[derive(Args, Debug, Clone)]
@@ -33,6 +34,25 @@ pub struct ContainmentArgs {
     /// `fair.com/cross-cluster-allow-external-name: "true"`.
     #[arg(long, env = "REMOTE_ALLOW_EXTERNAL_NAME")]
     pub remote_allow_external_name: bool,
+
+    /// The most bytes of label keys and values one remote leader may have copied onto its
+    /// follower Service (suffixes Ki, Mi, Gi; 0: no limit). Over it, the follower's labels are
+    /// kept as they were (a new follower gets none of them), with an Event `LabelsOverLimit`,
+    /// `xcc_labels_refused_total{reason="over_limit"}` and a /readyz line.
+    #[arg(long, env = "REMOTE_MAX_LABEL_BYTES", default_value = "16Ki", value_parser = crate::state::budget::parse_bytes)]
+    pub remote_max_label_bytes: u64,
+
+    /// The most follower EndpointSlices one remote's endpoints of one Service may make (each
+    /// port set is a slice of its own, each 1,000 endpoints another; 0: no limit). Over it,
+    /// what the follower has of that remote is kept as it was (Event `TooManySlices`).
+    #[arg(long, env = "REMOTE_MAX_SLICES_PER_SERVICE", default_value = "100", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_slices_per_service: u64,
+
+    /// The most ports one remote's Service may have, and the most distinct ports its
+    /// EndpointSlices may name (0: no limit). Over it, what the follower has of that remote is
+    /// kept as it was (Event `TooManyPorts`).
+    #[arg(long, env = "REMOTE_MAX_PORTS_PER_SERVICE", default_value = "100", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_ports_per_service: u64,
 }
 
 impl ContainmentArgs {
@@ -68,6 +88,11 @@ impl ContainmentArgs {
             label_deny: list("--label-deny", &self.label_deny)?,
             label_allow: list("--label-allow", &self.label_allow)?,
             protected_namespaces: protected,
+            limits: WriteLimits {
+                label_bytes: self.remote_max_label_bytes,
+                slices: self.remote_max_slices_per_service,
+                ports: self.remote_max_ports_per_service,
+            },
         })
     }
 }
@@ -114,6 +139,30 @@ mod tests {
     }
 
     #[test]
+    fn write_limits_default_to_the_documented_values_and_take_zero_for_none() {
+        let c = Cli::parse_from(["x"]).c.containment("ns", &[]).unwrap();
+        assert_eq!(
+            (c.limits.label_bytes, c.limits.slices, c.limits.ports),
+            (16 << 10, 100, 100)
+        );
+        let args = [
+            "x",
+            "--remote-max-label-bytes=1Mi",
+            "--remote-max-slices-per-service=0",
+            "--remote-max-ports-per-service=7",
+        ];
+        let c = Cli::parse_from(args).c.containment("ns", &[]).unwrap();
+        assert_eq!(
+            c.limits,
+            WriteLimits {
+                label_bytes: 1 << 20,
+                slices: 0,
+                ports: 7
+            }
+        );
+    }
+
+    #[test]
     fn lists_are_checked() {
         let args = Cli::parse_from([
             "x",
@@ -125,6 +174,7 @@ mod tests {
         let c = args.containment("ns", &[]).unwrap();
         assert_eq!(c.label_deny, ["team", "example.com/"]);
         assert_eq!(c.label_allow, ["app"]);
+        assert_eq!(c.limits, WriteLimits::default());
         let bad = Cli::parse_from(["x", "--label-deny", "Bad Key"]).c;
         assert!(
             bad.containment("ns", &[])

@@ -17,16 +17,20 @@ pub enum LabelRefusal {
     Denied,
     /// an allow list is set and does not name it
     NotAllowed,
+    /// the leader's labels together are over `--remote-max-label-bytes`: none is copied, the
+    /// follower's stay as they were
+    OverLimit,
 }
 
 impl LabelRefusal {
-    pub const LABELS: [&'static str; 3] = ["reserved", "denied", "not_allowed"];
+    pub const LABELS: [&'static str; 4] = ["reserved", "denied", "not_allowed", "over_limit"];
 
     pub fn label(self) -> &'static str {
         match self {
             LabelRefusal::Reserved => "reserved",
             LabelRefusal::Denied => "denied",
             LabelRefusal::NotAllowed => "not_allowed",
+            LabelRefusal::OverLimit => "over_limit",
         }
     }
 }
@@ -44,6 +48,8 @@ pub struct Containment {
     pub label_allow: Vec<String>,
     /// namespaces the daemon never writes in
     pub protected_namespaces: Vec<String>,
+    /// what one remote may cost the local API server per follower
+    pub limits: super::limits::WriteLimits,
 }
 
 impl Default for Containment {
@@ -55,6 +61,7 @@ impl Default for Containment {
                 .iter()
                 .map(|n| n.to_string())
                 .collect(),
+            limits: Default::default(),
         }
     }
 }

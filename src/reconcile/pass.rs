@@ -174,6 +174,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     };
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
     ctx.count_refused_labels(&merged.refused_labels);
+    note_write_limits(key, &snap, &merged);
     let on = snap.service.as_ref().map(|s| s.object_ref(&()));
     for (cluster, skip) in std::mem::take(&mut merged.skipped) {
         ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
@@ -217,22 +218,52 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         }
     };
     // refusals are reported on the follower once it exists, the one this pass created included
-    if !snap.refused.is_empty() {
-        let on = on.or_else(|| {
-            created.map(|uid| ObjectReference {
-                uid: Some(uid),
-                ..service_ref(key)
-            })
-        });
-        for (remote, refused) in &snap.refused {
-            ctx.refused(key, remote, refused, on.clone()).await;
-        }
+    let on = on.or_else(|| {
+        created.map(|uid| ObjectReference {
+            uid: Some(uid),
+            ..service_ref(key)
+        })
+    });
+    for (remote, refused) in &snap.refused {
+        ctx.refused(key, remote, refused, on.clone()).await;
+    }
+    if let Some((remote, held)) = &merged.labels_held {
+        ctx.labels_held(key, remote, held, on).await;
     }
     ctx.metrics
         .reconciles
         .get_or_create(&ByOutcome::new(outcome.label()))
         .inc();
     Ok(outcome)
+}
+
+/// Records, on each remote that exports the key or proves it gone, whether its export is held
+/// at a write limit now (what /readyz and `xcc_remote_write_limited` show): its slices or ports
+/// over theirs (skipped), or, for the winner, its labels over theirs.
+fn note_write_limits(key: &Key, snap: &Snapshot, merged: &Merged) {
+    let id = key.to_string();
+    for (state, view) in &snap.remotes {
+        let why = match view {
+            View::Unknown => continue,
+            View::Absent => None,
+            View::Exports { .. } => {
+                let name = &*state.name;
+                let skipped = merged.skipped.iter().find(|(c, skip)| {
+                    c == name
+                        && matches!(
+                            skip,
+                            desired::Skip::TooManyPorts { .. }
+                                | desired::Skip::TooManySlices { .. }
+                        )
+                });
+                let labels = merged.labels_held.as_ref().filter(|(c, _)| c == name);
+                skipped
+                    .map(|(_, skip)| skip.to_string())
+                    .or_else(|| labels.map(|(_, held)| held.to_string()))
+            }
+        };
+        state.set_write_limited(&id, why);
+    }
 }
 
 impl Snapshot {

@@ -188,7 +188,7 @@ impl Default for Metrics {
         );
         registry.register(
             "labels_refused",
-            "Remote labels not copied onto local objects, by remote and reason (reserved, denied, not_allowed), counted at each pass that builds a follower",
+            "Remote labels not copied onto local objects, by remote and reason (reserved, denied, not_allowed, over_limit: the leader's labels over --remote-max-label-bytes), counted at each pass that builds a follower",
             m.labels_refused.clone(),
         );
         registry.register(
@@ -533,6 +533,16 @@ mod tests {
                 message: String::new(),
             },
             Skip::AnnotationsTooLarge { size: 0, limit: 0 },
+            Skip::ExternalNameRefused,
+            Skip::TooManyPorts {
+                ports: 0,
+                limit: 0,
+                what: "",
+            },
+            Skip::TooManySlices {
+                slices: 0,
+                limit: 0,
+            },
         ];
         for s in &skips {
             assert!(Skip::REASONS.contains(&s.reason()), "{}", s.reason());

@@ -39,6 +39,9 @@ pub struct RemoteState {
     pub addresses: crate::desired::addresses::AddressPolicy,
     /// how much it may cost, and whether it is over (see [`super::budget`])
     pub budget: Budget,
+    /// its followers held at a write limit now (`namespace/name` -> why; see
+    /// [`crate::desired::limits`]): at most one entry per Service it exports
+    write_limited: parking_lot::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 /// What a slice counts against its remote's budget: its endpoints.
@@ -65,7 +68,30 @@ impl RemoteState {
             mcs: None,
             addresses: Default::default(),
             budget: Budget::default(),
+            write_limited: Default::default(),
         }
+    }
+
+    /// A pass of `key` found this remote's export of it over a write limit (`why`), or within
+    /// them all (None).
+    pub fn set_write_limited(&self, key: &str, why: Option<String>) {
+        let mut held = self.write_limited.lock();
+        match why {
+            Some(why) => {
+                held.insert(key.to_string(), why);
+            }
+            None => {
+                held.remove(key);
+            }
+        }
+    }
+
+    /// How many of its followers are held at a write limit, and the first of them (by key)
+    /// with why: what /readyz shows.
+    pub fn write_limited(&self) -> (usize, Option<(String, String)>) {
+        let held = self.write_limited.lock();
+        let first = held.iter().next().map(|(k, v)| (k.clone(), v.clone()));
+        (held.len(), first)
     }
 
     /// With its budget (see [`super::budget`]).
