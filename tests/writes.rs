@@ -34,6 +34,8 @@ const SLICES: usize = 20;
 /// for its leader.
 const BOUND: f64 = 3.0;
 const OURS: &str = "cross-cluster-controller.fair.com";
+/// The slices of the second Service: the slice limit of the daemon under test.
+const GROWS: usize = 25;
 
 /// A selectorless leader with `labels` ordinary labels of 80 bytes each (key 22, value 58) and
 /// `ports` ports `p<i>` 10000+i.
@@ -258,9 +260,9 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
     for i in 0..SLICES {
         east_sl.create(&pp, &hostile_slice("web", i)).await.unwrap();
     }
-    // a Service whose slices will grow past the slice limit (25 here)
+    // a Service at the slice limit (25 here) whose slices will grow past it
     east_svc.create(&pp, &leader("grows", 0, 30)).await.unwrap();
-    for i in 0..5 {
+    for i in 0..GROWS {
         east_sl
             .create(&pp, &hostile_slice("grows", i))
             .await
@@ -328,15 +330,15 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
     .await;
 
     // 2. a Service with no labels and small slices: the follower's own metadata, measured
-    let west_small = follower_cost(&ns.name, "grows", 5).await;
-    let east_small = leader_cost(&ns.name, "grows", 5).await;
+    let west_small = follower_cost(&ns.name, "grows", GROWS).await;
+    let east_small = leader_cost(&ns.name, "grows", GROWS).await;
     let (json_small, etcd_small) = west_small.ratio(east_small);
     let small = format!(
         "{}; {}: {json_small:.2}x as JSON, {etcd_small:.2}x in etcd",
         describe("east", east_small),
         describe("west", west_small)
     );
-    println!("no labels, 5 slices of one endpoint: {small}");
+    println!("no labels, {GROWS} slices of one endpoint: {small}");
     assert!(
         json_small <= BOUND && etcd_small <= BOUND,
         "with small slices, west stores more than {BOUND}x what east stores: {small}"
@@ -349,18 +351,22 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
         .iter()
         .map(|s| (s.name_any(), s.resource_version().unwrap_or_default()))
         .collect();
-    for i in 5..26 {
-        east_sl
-            .create(&pp, &hostile_slice("grows", i))
-            .await
-            .unwrap();
-    }
-    d.wait_metric(
-        "xcc_skipped_total",
-        &[("remote", REMOTE), ("reason", "TooManySlices")],
-        1.0,
-    )
-    .await;
+    let too_many = [("remote", REMOTE), ("reason", "TooManySlices")];
+    east_sl
+        .create(&pp, &hostile_slice("grows", GROWS))
+        .await
+        .unwrap();
+    d.wait_metric("xcc_skipped_total", &too_many, 1.0).await;
+    // and a change of an endpoint it had is not mirrored either while it is over
+    let not_ready =
+        json!({"endpoints": [{"addresses": ["10.77.0.1"], "conditions": {"ready": false}}]});
+    east_sl
+        .patch("grows-0", &PatchParams::default(), &Patch::Merge(not_ready))
+        .await
+        .unwrap();
+    let passes = d.metric("xcc_skipped_total", &too_many);
+    d.wait_metric("xcc_skipped_total", &too_many, passes + 1.0)
+        .await;
     eventually("the TooManySlices Event on the follower", WAIT, || {
         event_notes(LOCAL, &ns.name, "TooManySlices", Some(("Service", "grows")))
     })
@@ -444,11 +450,11 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
     conclude_since(
         Report {
             id: "95-writes-amplification",
-            scenario: "A remote exports a Service with 1,500 ordinary labels (120 KB) and 20 slices of one endpoint each, every one with a port of its own (issue 37); a second Service's slices grow past --remote-max-slices-per-service, a third has 101 ports",
-            done: "the leaders and slices created in east under a daemon with --endpoints-mode both; 21 slices added to the second; then the first's labels cut to 150 (12 KB)",
+            scenario: "A remote exports a Service with 1,500 ordinary labels (120 KB) and 20 slices of one endpoint each, every one with a port of its own (issue 37); a second Service's 25 slices grow past --remote-max-slices-per-service, a third has 101 ports",
+            done: "the leaders and slices created in east under a daemon with --endpoints-mode both --remote-max-slices-per-service 25; a 26th slice added to the second; then the first's labels cut to 150 (12 KB)",
             converge: Some(took),
             note: format!(
-                "over the label limit {measured} (before issue 37: 24x); under it (150 labels copied onto the Service only) {json_below:.2}x as JSON, {etcd_below:.2}x in etcd; a leader without labels and 5 slices of one endpoint {json_small:.2}x as JSON, {etcd_small:.2}x in etcd; labels over the limit: none copied, {over_limit} counted over_limit, LabelsOverLimit Event; slices over the limit: the follower's 5 slices kept (resourceVersions unchanged), TooManySlices; 101 ports: not mirrored, TooManyPorts; /readyz 200 with the held count, xcc_remote_write_limited 3"
+                "over the label limit {measured} (before issue 37: 24x); under it (150 labels copied onto the Service only) {json_below:.2}x as JSON, {etcd_below:.2}x in etcd; a leader without labels and 25 slices of one endpoint {json_small:.2}x as JSON, {etcd_small:.2}x in etcd; labels over the limit: none copied, {over_limit} counted over_limit, LabelsOverLimit Event; slices over the limit (a 26th, then an endpoint of the first made not ready): the follower's 25 slices kept (resourceVersions unchanged), TooManySlices; 101 ports: not mirrored, TooManyPorts; /readyz 200 with the held count, xcc_remote_write_limited 3"
             ),
         },
         &before_flood,
