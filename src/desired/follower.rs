@@ -1,10 +1,13 @@
 //! One remote's exported Service and its slices -> the follower objects.
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::containment::Refused;
-use super::limits::LabelsHeld;
+use super::limits::{LabelsHeld, WriteLimits};
 use super::options::{EXPORT_VALUE, Options, Skip};
+use super::slices::Group;
 use super::{endpoints, meta, service, slices};
 
 /// Everything the local cluster should hold for one remote leader.
@@ -64,7 +67,7 @@ pub fn follower(
         if !opts.allow_external_name {
             return Err(Skip::ExternalNameRefused);
         }
-        limits.endpoints(service_ports, &[])?;
+        within_limits(limits, service_ports, &[])?;
         return Ok(Follower {
             service,
             slices: Vec::new(),
@@ -82,7 +85,7 @@ pub fn follower(
     let groups = slices::group_endpoints(&relevant);
     // judged in every endpoints mode: kube-controller-manager mirrors our Endpoints into as
     // many slices as they have port sets
-    limits.endpoints(service_ports, &groups)?;
+    within_limits(limits, service_ports, &groups)?;
 
     let mut desired_slices = Vec::new();
     if opts.endpoints_mode.writes_slices() {
@@ -106,6 +109,37 @@ pub fn follower(
         refused_labels,
         labels_held,
     })
+}
+
+/// Err when one remote's export of a Service is over the port or the slice limit: the ports
+/// of its Service (`service_ports`), the distinct ports and the follower slices of its
+/// endpoints (`groups`).
+fn within_limits(limits: &WriteLimits, service_ports: usize, groups: &[Group]) -> Result<(), Skip> {
+    let ports = service_ports as u64;
+    if limits.ports_over(ports) {
+        return Err(Skip::TooManyPorts {
+            ports,
+            limit: limits.ports,
+            what: "its Service",
+        });
+    }
+    let distinct: BTreeSet<_> = groups.iter().flat_map(|g| g.ports.iter()).collect();
+    let ports = distinct.len() as u64;
+    if limits.ports_over(ports) {
+        return Err(Skip::TooManyPorts {
+            ports,
+            limit: limits.ports,
+            what: "its EndpointSlices",
+        });
+    }
+    let slices = slices::slice_count(groups);
+    if limits.slices_over(slices) {
+        return Err(Skip::TooManySlices {
+            slices,
+            limit: limits.slices,
+        });
+    }
+    Ok(())
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {

@@ -5,13 +5,10 @@
 //! Over the label limit the follower is written without the remote's labels changing: the
 //! labels it carries stay as they were (none on a new follower), everything else follows the
 //! remote. Over the slice or port limit the remote's export of that Service is skipped as a
-//! whole ([`Skip::TooManySlices`], [`Skip::TooManyPorts`]): what the follower has of it is kept
-//! as it was. Both lose nothing the local cluster has, and both decide the same way for the same
+//! whole (`Skip::TooManySlices`, `Skip::TooManyPorts`: see `follower`): what the follower has
+//! of it is kept as it was. Both lose nothing the local cluster has, and both decide the same way for the same
 //! remote objects and the same live follower.
-use std::collections::{BTreeMap, BTreeSet};
-
-use super::options::{MAX_ENDPOINTS_PER_SLICE, Skip};
-use super::slices::Group;
+use std::collections::BTreeMap;
 
 /// Default of `--remote-max-label-bytes`: 16 KiB of label keys and values. The API server
 /// allows any number of labels; the Services we know of carry well under 1 KiB.
@@ -84,43 +81,16 @@ impl WriteLimits {
         })
     }
 
-    /// Err when one remote's export of a Service is over the port or the slice limit:
-    /// `service_ports` on its Service, the endpoints of its slices in `groups`.
-    pub(crate) fn endpoints(&self, service_ports: usize, groups: &[Group]) -> Result<(), Skip> {
-        let ports = service_ports as u64;
-        if over(ports, self.ports) {
-            return Err(Skip::TooManyPorts {
-                ports,
-                limit: self.ports,
-                what: "its Service",
-            });
-        }
-        let distinct: BTreeSet<_> = groups.iter().flat_map(|g| g.ports.iter()).collect();
-        let ports = distinct.len() as u64;
-        if over(ports, self.ports) {
-            return Err(Skip::TooManyPorts {
-                ports,
-                limit: self.ports,
-                what: "its EndpointSlices",
-            });
-        }
-        let slices = slice_count(groups);
-        if over(slices, self.slices) {
-            return Err(Skip::TooManySlices {
-                slices,
-                limit: self.slices,
-            });
-        }
-        Ok(())
+    /// Whether `ports` (of one remote's Service, or distinct in its slices) are over the port
+    /// limit.
+    pub fn ports_over(&self, ports: u64) -> bool {
+        over(ports, self.ports)
     }
-}
 
-/// The follower slices `groups` make: one per started thousand endpoints of each group.
-pub(crate) fn slice_count(groups: &[Group]) -> u64 {
-    groups
-        .iter()
-        .map(|g| g.endpoints.len().div_ceil(MAX_ENDPOINTS_PER_SLICE) as u64)
-        .sum()
+    /// Whether `slices` follower slices of one remote for one Service are over the slice limit.
+    pub fn slices_over(&self, slices: u64) -> bool {
+        over(slices, self.slices)
+    }
 }
 
 #[cfg(test)]

@@ -120,6 +120,14 @@ pub(crate) fn group_endpoints(slices: &[&EndpointSlice]) -> Vec<Group> {
         .collect()
 }
 
+/// The follower slices `groups` make: one per started thousand endpoints of each group.
+pub(crate) fn slice_count(groups: &[Group]) -> u64 {
+    groups
+        .iter()
+        .map(|g| g.endpoints.len().div_ceil(MAX_ENDPOINTS_PER_SLICE) as u64)
+        .sum()
+}
+
 /// Keeps addresses, conditions, hostname and zone; drops nodeName, targetRef, hints and
 /// deprecatedTopology.
 fn clean_endpoint(endpoint: &Endpoint) -> Endpoint {

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::desired::containment::{Containment, LabelRefusal};
 use crate::desired::follower::{Follower, follower};
-use crate::desired::options::{EndpointsMode, Options};
+use crate::desired::options::{EndpointsMode, Options, Skip};
 use crate::desired::test_support::{cluster_ip_service, endpoint, opts, slice, web_ports};
 use crate::desired::{Export, ServiceChange, merge, service_change, slice_change};
 
@@ -264,7 +264,7 @@ fn the_slice_count_is_one_per_started_thousand_endpoints_of_each_port_set() {
     let other = one_port_each(1);
     let all = [&big, &other[0]];
     let groups = crate::desired::slices::group_endpoints(&all);
-    assert_eq!(slice_count(&groups), 3 + 1);
+    assert_eq!(crate::desired::slices::slice_count(&groups), 3 + 1);
 }
 
 #[test]
