@@ -463,3 +463,142 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
     );
     drop(d);
 }
+
+/// The follower slices' first endpoint's `ready` of `svc` in west.
+async fn follower_ready(ns: &str, svc: &str) -> Result<Option<bool>, String> {
+    let slices = our_slices(ns, svc).await?;
+    let e = slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .next()
+        .ok_or_else(|| "no endpoint yet".to_string())?;
+    Ok(e.conditions.as_ref().and_then(|c| c.ready))
+}
+
+/// How many flips the remote makes, one every [`FLIP_EVERY`].
+const FLIPS: usize = 100;
+const FLIP_EVERY: Duration = Duration::from_millis(50);
+/// The daemon's `--remote-max-service-updates-per-second` here (its burst: ten times that).
+const RATE: f64 = 1.0;
+
+#[tokio::test]
+async fn a_remote_flipping_a_label_gets_its_service_updated_at_its_rate_and_its_endpoints_at_once()
+{
+    let ns = namespace("writes-rate").await;
+    let east_svc: Api<Service> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let east_sl: Api<EndpointSlice> = Api::namespaced(client(REMOTE).await, &ns.name);
+    let west_svc: Api<Service> = Api::namespaced(client(LOCAL).await, &ns.name);
+    let pp = PostParams::default();
+    east_svc.create(&pp, &leader("flip", 10, 1)).await.unwrap();
+    east_sl
+        .create(&pp, &hostile_slice("flip", 0))
+        .await
+        .unwrap();
+    let args = with_args(
+        args_for(&ns.name),
+        &["--remote-max-service-updates-per-second", "1"],
+    );
+    let d = Daemon::start(&args).await;
+    eventually("the follower and its endpoint", WAIT, || async {
+        present(&west_svc, "flip").await?;
+        match follower_ready(&ns.name, "flip").await? {
+            Some(true) => Ok(()),
+            other => Err(format!("ready {other:?}")),
+        }
+    })
+    .await;
+    d.wait_synced(&[REMOTE]).await;
+    let updates = || d.writes(&["Service"], &["update"]);
+    let before = updates();
+    let before_flips = snapshot(&client(LOCAL).await, &[&ns.name]).await;
+
+    // the flips: a label to a new value every 50 ms; halfway, the endpoint goes not ready
+    let t0 = Instant::now();
+    let (mut went_not_ready, mut ready_after) = (None, None);
+    for i in 0..FLIPS {
+        let patch = json!({"metadata": {"labels": {"flip": format!("v{i}")}}});
+        east_svc
+            .patch("flip", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+        if i == FLIPS / 2 {
+            let not_ready = json!({"endpoints": [{"addresses": ["10.77.0.1"],
+                                                  "conditions": {"ready": false}}]});
+            east_sl
+                .patch("flip-0", &PatchParams::default(), &Patch::Merge(not_ready))
+                .await
+                .unwrap();
+            went_not_ready = Some(Instant::now());
+        }
+        if let (Some(at), None) = (went_not_ready, ready_after)
+            && follower_ready(&ns.name, "flip").await == Ok(Some(false))
+        {
+            ready_after = Some(at.elapsed());
+        }
+        tokio::time::sleep(FLIP_EVERY).await;
+    }
+    let flipped = t0.elapsed();
+    // the readiness change is not held back by the Service's rate
+    let ready_after = match (went_not_ready, ready_after) {
+        (_, Some(after)) => after,
+        (Some(at), None) => {
+            eventually(
+                "the endpoint not ready in west",
+                Duration::from_secs(5),
+                || async {
+                    match follower_ready(&ns.name, "flip").await? {
+                        Some(false) => Ok(()),
+                        other => Err(format!("ready {other:?}")),
+                    }
+                },
+            )
+            .await;
+            at.elapsed()
+        }
+        (None, None) => unreachable!("the endpoint was made not ready halfway"),
+    };
+    // the last value arrives
+    let last = format!("v{}", FLIPS - 1);
+    eventually("the last flip on the follower", WAIT, || async {
+        let f = present(&west_svc, "flip").await?;
+        match f.labels().get("flip") {
+            Some(v) if *v == last => Ok(()),
+            other => Err(format!("flip={other:?}")),
+        }
+    })
+    .await;
+    let took = t0.elapsed();
+    let written = updates() - before;
+    // ten seconds' worth saved up, then one a second for as long as it took, and one of slack
+    let allowed = 10.0 * RATE + RATE * took.as_secs_f64() + 1.0;
+    let deferred = d.metric("xcc_service_updates_deferred_total", &[("remote", REMOTE)]);
+    let figures = format!(
+        "{FLIPS} flips in {:.1} s: {written} Service updates in {:.1} s (at most {allowed:.0} allowed), {deferred} deferred; the endpoint not ready in west {:.2} s after east, during the flips",
+        flipped.as_secs_f64(),
+        took.as_secs_f64(),
+        ready_after.as_secs_f64()
+    );
+    println!("{figures}");
+    assert!(
+        written <= allowed,
+        "more Service updates than the rate allows: {figures}"
+    );
+    assert!(deferred >= 1.0, "{figures}");
+    assert!(
+        ready_after < Duration::from_secs(2),
+        "the endpoint's readiness was held back: {figures}"
+    );
+    conclude_since(
+        Report {
+            id: "96-writes-rate",
+            scenario: "A remote flips a label of an exported Service every 50 ms (100 flips) and, halfway, makes its endpoint not ready",
+            done: "the flips under a daemon with --remote-max-service-updates-per-second 1 (a burst of 10)",
+            converge: Some(took),
+            note: format!("{figures}; the last value reached the follower"),
+        },
+        &before_flips,
+        &snapshot(&client(LOCAL).await, &[&ns.name]).await,
+        &BTreeSet::from(["flip".to_string()]),
+    );
+    drop(d);
+}

@@ -53,6 +53,13 @@ pub struct ContainmentArgs {
     /// kept as it was (Event `TooManyPorts`).
     #[arg(long, env = "REMOTE_MAX_PORTS_PER_SERVICE", default_value = "100", value_parser = crate::state::budget::parse_count)]
     pub remote_max_ports_per_service: u64,
+
+    /// The most updates a second of the follower Services whose fields come from one remote,
+    /// in bursts of ten seconds' worth (0: no limit). Past it a pass leaves the Service as it
+    /// is and comes back when an update is due, writing what changed meanwhile once; the
+    /// slices and Endpoints are never held back.
+    #[arg(long, env = "REMOTE_MAX_SERVICE_UPDATES_PER_SECOND", default_value = "10", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_service_updates_per_second: u64,
 }
 
 impl ContainmentArgs {
@@ -92,6 +99,7 @@ impl ContainmentArgs {
                 label_bytes: self.remote_max_label_bytes,
                 slices: self.remote_max_slices_per_service,
                 ports: self.remote_max_ports_per_service,
+                service_updates: self.remote_max_service_updates_per_second,
             },
         })
     }
@@ -142,14 +150,20 @@ mod tests {
     fn write_limits_default_to_the_documented_values_and_take_zero_for_none() {
         let c = Cli::parse_from(["x"]).c.containment("ns", &[]).unwrap();
         assert_eq!(
-            (c.limits.label_bytes, c.limits.slices, c.limits.ports),
-            (16 << 10, 100, 100)
+            (
+                c.limits.label_bytes,
+                c.limits.slices,
+                c.limits.ports,
+                c.limits.service_updates
+            ),
+            (16 << 10, 100, 100, 10)
         );
         let args = [
             "x",
             "--remote-max-label-bytes=1Mi",
             "--remote-max-slices-per-service=0",
             "--remote-max-ports-per-service=7",
+            "--remote-max-service-updates-per-second=0",
         ];
         let c = Cli::parse_from(args).c.containment("ns", &[]).unwrap();
         assert_eq!(
@@ -157,7 +171,8 @@ mod tests {
             WriteLimits {
                 label_bytes: 1 << 20,
                 slices: 0,
-                ports: 7
+                ports: 7,
+                service_updates: 0,
             }
         );
     }

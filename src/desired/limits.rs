@@ -16,6 +16,10 @@ pub const DEFAULT_LABEL_BYTES: u64 = 16 << 10;
 /// Default of `--remote-max-slices-per-service`: 100 follower slices of one remote for one
 /// Service, room for 100,000 endpoints of one port set (ours hold up to 1,000 each).
 pub const DEFAULT_SLICES: u64 = 100;
+/// Default of `--remote-max-service-updates-per-second`: ten updates of a remote's followers'
+/// Services a second, in bursts of a hundred (see `state::rate`); a Helm upgrade relabelling a
+/// hundred Services passes at once.
+pub const DEFAULT_SERVICE_UPDATES: u64 = 10;
 /// Default of `--remote-max-ports-per-service`: 100 ports on the Service, and 100 distinct
 /// ports in its slices (kube-proxy programs every port of every endpoint on every node).
 pub const DEFAULT_PORTS: u64 = 100;
@@ -29,6 +33,8 @@ pub struct WriteLimits {
     pub slices: u64,
     /// ports of one exported Service, and distinct ports named by its slices
     pub ports: u64,
+    /// updates a second of the follower Services whose fields come from one remote
+    pub service_updates: u64,
 }
 
 impl Default for WriteLimits {
@@ -37,6 +43,7 @@ impl Default for WriteLimits {
             label_bytes: DEFAULT_LABEL_BYTES,
             slices: DEFAULT_SLICES,
             ports: DEFAULT_PORTS,
+            service_updates: DEFAULT_SERVICE_UPDATES,
         }
     }
 }

@@ -42,6 +42,7 @@ pub struct Metrics {
     pub probes: PerRemote<ByRemoteOutcome, Counter>,
     pub labels_refused: PerRemote<ByRemoteReason, Counter>,
     pub taken_over: PerRemote<ByRemote, Counter>,
+    pub service_updates_deferred: PerRemote<ByRemote, Counter>,
 }
 
 /// 1 ms .. ~33 s
@@ -78,6 +79,7 @@ impl Default for Metrics {
             probes: PerRemote::new(&gone),
             labels_refused: PerRemote::new(&gone),
             taken_over: PerRemote::new(&gone),
+            service_updates_deferred: PerRemote::new(&gone),
             departed: gone,
             registry: Registry::default(),
         };
@@ -192,6 +194,11 @@ impl Default for Metrics {
             m.labels_refused.clone(),
         );
         registry.register(
+            "service_updates_deferred",
+            "Follower Service updates left for later because the remote their fields come from had none left (--remote-max-service-updates-per-second); the key comes back when one is due and writes what changed meanwhile once",
+            m.service_updates_deferred.clone(),
+        );
+        registry.register(
             "followers_taken_over",
             "Followers a local user took over (a selector, kubectl apply, another field manager owning the spec), left alone; counted once per follower while the daemon runs",
             m.taken_over.clone(),
@@ -288,6 +295,7 @@ impl Metrics {
             touch_remote(&self.labels_refused, ByRemoteReason::new(remote, reason));
         }
         touch_remote(&self.taken_over, ByRemote::new(remote));
+        touch_remote(&self.service_updates_deferred, ByRemote::new(remote));
         for kind in KINDS {
             touch_remote(&self.conflicts, ByRemoteKind::new(remote, kind));
         }
@@ -321,6 +329,7 @@ impl Metrics {
         self.probes.forget(remote);
         self.labels_refused.forget(remote);
         self.taken_over.forget(remote);
+        self.service_updates_deferred.forget(remote);
     }
 
     pub fn render(&self) -> String {

@@ -42,6 +42,8 @@ pub struct RemoteState {
     /// its followers held at a write limit now (`namespace/name` -> why; see
     /// [`crate::desired::limits`]): at most one entry per Service it exports
     write_limited: parking_lot::Mutex<std::collections::BTreeMap<String, String>>,
+    /// how often the follower Services whose fields come from it may be updated
+    service_updates: parking_lot::Mutex<super::rate::TokenBucket>,
 }
 
 /// What a slice counts against its remote's budget: its endpoints.
@@ -51,6 +53,7 @@ fn endpoints(s: &EndpointSlice) -> usize {
 
 impl RemoteState {
     pub fn new(name: &str, opts: Options, namespaces: Vec<String>) -> Self {
+        let rate = opts.containment.limits.service_updates;
         Self {
             name: name.into(),
             opts,
@@ -69,7 +72,19 @@ impl RemoteState {
             addresses: Default::default(),
             budget: Budget::default(),
             write_limited: Default::default(),
+            service_updates: parking_lot::Mutex::new(super::rate::TokenBucket::new(rate)),
         }
+    }
+
+    /// Takes a token for one update of a follower Service whose fields come from this remote;
+    /// Err with how long until one is due (the pass then leaves the Service as it is).
+    pub fn take_service_update(&self, now: std::time::Instant) -> Result<(), std::time::Duration> {
+        self.service_updates.lock().take(now)
+    }
+
+    /// The follower Service updates a second it may cause (0: no limit).
+    pub fn service_update_rate(&self) -> u64 {
+        self.service_updates.lock().rate()
     }
 
     /// A pass of `key` found this remote's export of it over a write limit (`why`), or within
