@@ -9,7 +9,9 @@
 //! remote's bytes. Then the limits: labels over `--remote-max-label-bytes` keep the follower's
 //! labels as they were, slices over `--remote-max-slices-per-service` and ports over
 //! `--remote-max-ports-per-service` keep what the follower has of the remote as it was, each
-//! with an Event, a metric and a /readyz line naming the remote.
+//! with an Event, a metric and a /readyz line naming the remote. And the rate: a remote
+//! flipping a label many times a second gets its follower Service updated at most
+//! `--remote-max-service-updates-per-second`, while its endpoints' readiness is not held back.
 mod support;
 
 use std::collections::BTreeSet;
