@@ -359,14 +359,15 @@ async fn a_remote_cannot_multiply_its_bytes_or_its_objects_in_the_local_etcd() {
         .await
         .unwrap();
     d.wait_metric("xcc_skipped_total", &too_many, 1.0).await;
-    // and a change of an endpoint it had is not mirrored either while it is over
+    // and a change of an endpoint it had is not mirrored either while it is over: a pass
+    // after it (counted before the change, which may be passed at once) skips the Service again
+    let passes = d.metric("xcc_skipped_total", &too_many);
     let not_ready =
         json!({"endpoints": [{"addresses": ["10.77.0.1"], "conditions": {"ready": false}}]});
     east_sl
         .patch("grows-0", &PatchParams::default(), &Patch::Merge(not_ready))
         .await
         .unwrap();
-    let passes = d.metric("xcc_skipped_total", &too_many);
     d.wait_metric("xcc_skipped_total", &too_many, passes + 1.0)
         .await;
     eventually("the TooManySlices Event on the follower", WAIT, || {
@@ -586,8 +587,9 @@ async fn a_remote_flipping_a_label_gets_its_service_updated_at_its_rate_and_its_
         "more Service updates than the rate allows: {figures}"
     );
     assert!(deferred >= 1.0, "{figures}");
+    // (the pass that writes it does not wait for the Service: src/reconcile/decision_tests.rs)
     assert!(
-        ready_after < Duration::from_secs(2),
+        ready_after < Duration::from_secs(5),
         "the endpoint's readiness was held back: {figures}"
     );
     conclude_since(
