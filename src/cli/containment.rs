@@ -5,6 +5,7 @@ use clap::Args;
 
 use crate::desired::check_label_entry;
 use crate::desired::containment::{Containment, DEFAULT_PROTECTED_NAMESPACES};
+use crate::desired::limits::WriteLimits;
 
 /// What a remote may never decide about local objects.
 #[derive(Args, Debug, Clone)]
@@ -42,6 +43,32 @@ pub struct ContainmentArgs {
     /// endpoints. Naming one trusts every remote with the names under it in this cluster.
     #[arg(long, env = "ALLOW_TLD_NAMES", value_delimiter = ',')]
     pub allow_tld_names: Vec<String>,
+
+    /// The most bytes of label keys and values one remote leader may have copied onto its
+    /// follower Service (suffixes Ki, Mi, Gi; 0: no limit). Over it, the follower's labels are
+    /// kept as they were (a new follower gets none of them), with an Event `LabelsOverLimit`,
+    /// `xcc_labels_refused_total{reason="over_limit"}` and a /readyz line.
+    #[arg(long, env = "REMOTE_MAX_LABEL_BYTES", default_value = "16Ki", value_parser = crate::state::budget::parse_bytes)]
+    pub remote_max_label_bytes: u64,
+
+    /// The most follower EndpointSlices one remote's endpoints of one Service may make (each
+    /// port set is a slice of its own, each 1,000 endpoints another; 0: no limit). Over it,
+    /// what the follower has of that remote is kept as it was (Event `TooManySlices`).
+    #[arg(long, env = "REMOTE_MAX_SLICES_PER_SERVICE", default_value = "100", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_slices_per_service: u64,
+
+    /// The most ports one remote's Service may have, and the most distinct ports its
+    /// EndpointSlices may name (0: no limit). Over it, what the follower has of that remote is
+    /// kept as it was (Event `TooManyPorts`).
+    #[arg(long, env = "REMOTE_MAX_PORTS_PER_SERVICE", default_value = "100", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_ports_per_service: u64,
+
+    /// The most updates a second of the follower Services whose fields come from one remote,
+    /// in bursts of ten seconds' worth (0: no limit). Past it a pass leaves the Service as it
+    /// is and comes back when an update is due, writing what changed meanwhile once; the
+    /// slices and Endpoints are never held back.
+    #[arg(long, env = "REMOTE_MAX_SERVICE_UPDATES_PER_SECOND", default_value = "10", value_parser = crate::state::budget::parse_count)]
+    pub remote_max_service_updates_per_second: u64,
 }
 
 impl ContainmentArgs {
@@ -78,6 +105,12 @@ impl ContainmentArgs {
             label_allow: list("--label-allow", &self.label_allow)?,
             protected_namespaces: protected,
             allowed_tld_names: tld_names(&self.allow_tld_names)?,
+            limits: WriteLimits {
+                label_bytes: self.remote_max_label_bytes,
+                slices: self.remote_max_slices_per_service,
+                ports: self.remote_max_ports_per_service,
+                service_updates: self.remote_max_service_updates_per_second,
+            },
         })
     }
 }
@@ -149,6 +182,37 @@ mod tests {
     }
 
     #[test]
+    fn write_limits_default_to_the_documented_values_and_take_zero_for_none() {
+        let c = Cli::parse_from(["x"]).c.containment("ns", &[]).unwrap();
+        assert_eq!(
+            (
+                c.limits.label_bytes,
+                c.limits.slices,
+                c.limits.ports,
+                c.limits.service_updates
+            ),
+            (16 << 10, 100, 100, 10)
+        );
+        let args = [
+            "x",
+            "--remote-max-label-bytes=1Mi",
+            "--remote-max-slices-per-service=0",
+            "--remote-max-ports-per-service=7",
+            "--remote-max-service-updates-per-second=0",
+        ];
+        let c = Cli::parse_from(args).c.containment("ns", &[]).unwrap();
+        assert_eq!(
+            c.limits,
+            WriteLimits {
+                label_bytes: 1 << 20,
+                slices: 0,
+                ports: 7,
+                service_updates: 0,
+            }
+        );
+    }
+
+    #[test]
     fn lists_are_checked() {
         let args = Cli::parse_from([
             "x",
@@ -160,6 +224,7 @@ mod tests {
         let c = args.containment("ns", &[]).unwrap();
         assert_eq!(c.label_deny, ["team", "example.com/"]);
         assert_eq!(c.label_allow, ["app"]);
+        assert_eq!(c.limits, WriteLimits::default());
         let bad = Cli::parse_from(["x", "--label-deny", "Bad Key"]).c;
         assert!(
             bad.containment("ns", &[])

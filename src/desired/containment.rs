@@ -18,16 +18,20 @@ pub enum LabelRefusal {
     Denied,
     /// an allow list is set and does not name it
     NotAllowed,
+    /// the leader's labels together are over `--remote-max-label-bytes`: none is copied, the
+    /// follower's stay as they were
+    OverLimit,
 }
 
 impl LabelRefusal {
-    pub const LABELS: [&'static str; 3] = ["reserved", "denied", "not_allowed"];
+    pub const LABELS: [&'static str; 4] = ["reserved", "denied", "not_allowed", "over_limit"];
 
     pub fn label(self) -> &'static str {
         match self {
             LabelRefusal::Reserved => "reserved",
             LabelRefusal::Denied => "denied",
             LabelRefusal::NotAllowed => "not_allowed",
+            LabelRefusal::OverLimit => "over_limit",
         }
     }
 }
@@ -48,6 +52,9 @@ pub struct Containment {
     /// top-level domains a follower's namespace or name may be all the same
     /// (`--allow-tld-names`); every other one is refused
     pub allowed_tld_names: Vec<String>,
+
+    /// what one remote may cost the local API server per follower
+    pub limits: super::limits::WriteLimits,
 }
 
 impl Default for Containment {
@@ -60,6 +67,7 @@ impl Default for Containment {
                 .map(|n| n.to_string())
                 .collect(),
             allowed_tld_names: Vec::new(),
+            limits: Default::default(),
         }
     }
 }

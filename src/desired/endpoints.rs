@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::api::PROTOCOL_TCP;
 use super::meta::{self, StringMap};
 use super::options::{
-    EndpointsMode, MAX_ENDPOINTS_ADDRESSES, OVER_CAPACITY_ANNOTATION, OVER_CAPACITY_TRUNCATED,
-    Options, SKIP_MIRROR_LABEL,
+    EndpointsMode, FOLLOWER_VALUE, MAX_ENDPOINTS_ADDRESSES, OVER_CAPACITY_ANNOTATION,
+    OVER_CAPACITY_TRUNCATED, Options, SKIP_MIRROR_LABEL,
 };
 use super::slices::{self, Group, PortKey};
 
@@ -134,11 +134,13 @@ fn to_port(port: &PortKey) -> Option<EndpointPort> {
     })
 }
 
+/// The follower Endpoints. Like the slices, they carry our labels only (the leader's go on the
+/// follower Service alone) and an empty copied-labels record, which removes the labels an
+/// earlier release copied here.
 pub(crate) fn desired_endpoints(
     groups: &[Group],
     name: &str,
     namespace: &str,
-    service_labels: &StringMap,
     opts: &Options,
 ) -> Endpoints {
     let (ports, mut addrs): (Vec<Vec<PortKey>>, Vec<SubsetAddrs>) =
@@ -159,12 +161,13 @@ pub(crate) fn desired_endpoints(
         })
         .collect();
 
-    let mut labels = service_labels.clone();
+    let mut labels = StringMap::new();
+    labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
     if opts.endpoints_mode == EndpointsMode::Both {
         labels.insert(SKIP_MIRROR_LABEL.to_string(), "true".to_string());
     }
     let mut annotations = meta::origin_annotations(namespace, name, opts);
-    meta::record_copied_labels(&mut annotations, service_labels, opts);
+    meta::record_copied_labels(&mut annotations, &StringMap::new(), opts);
     if truncated {
         annotations.insert(
             OVER_CAPACITY_ANNOTATION.to_string(),

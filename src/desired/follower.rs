@@ -1,9 +1,13 @@
 //! One remote's exported Service and its slices -> the follower objects.
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::containment::Refused;
+use super::limits::{LabelsHeld, WriteLimits};
 use super::options::{EXPORT_VALUE, Options, Skip};
+use super::slices::Group;
 use super::{endpoints, meta, service, slices};
 
 /// Everything the local cluster should hold for one remote leader.
@@ -17,8 +21,12 @@ pub struct Follower {
     /// The follower core/v1 Endpoints; `None` in [`EndpointsMode::Slices`] and for ExternalName
     /// exported Services.
     pub endpoints: Option<Endpoints>,
-    /// the remote labels not copied (reserved prefixes, the operator's lists), by why
+    /// the remote labels not copied (reserved prefixes, the operator's lists, the label
+    /// limit), by why
     pub refused_labels: Refused,
+    /// the leader's labels are over `--remote-max-label-bytes`: the Service's labels are kept
+    /// as they were
+    pub labels_held: Option<LabelsHeld>,
 }
 
 /// Remote exported Service (must carry `<key>=true`) plus ALL remote EndpointSlices of it ->
@@ -45,18 +53,27 @@ pub fn follower(
     let namespace =
         non_empty(remote.metadata.namespace.as_deref()).ok_or(Skip::MissingNamespace)?;
 
-    let (service, refused_labels) = service::desired_service(remote, name, namespace, opts);
+    let (service, refused_labels, labels_held) =
+        service::desired_service(remote, name, namespace, opts);
     meta::validate(&service.metadata)?;
+    let limits = &opts.containment.limits;
+    let service_ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map_or(0, Vec::len);
 
     if service::is_external_name(&service) {
         if !opts.allow_external_name {
             return Err(Skip::ExternalNameRefused);
         }
+        within_limits(limits, service_ports, &[])?;
         return Ok(Follower {
             service,
             slices: Vec::new(),
             endpoints: None,
             refused_labels,
+            labels_held,
         });
     }
 
@@ -66,11 +83,13 @@ pub fn follower(
         .filter(|slice| slices::belongs_to(slice, name, namespace))
         .collect();
     let groups = slices::group_endpoints(&relevant);
-    let labels = service.metadata.labels.clone().unwrap_or_default();
+    // judged in every endpoints mode: kube-controller-manager mirrors our Endpoints into as
+    // many slices as they have port sets
+    within_limits(limits, service_ports, &groups)?;
 
     let mut desired_slices = Vec::new();
     if opts.endpoints_mode.writes_slices() {
-        desired_slices = slices::desired_slices(&groups, name, namespace, &labels, opts);
+        desired_slices = slices::desired_slices(&groups, name, namespace, opts);
         for slice in &desired_slices {
             meta::validate(&slice.metadata)?;
         }
@@ -78,7 +97,7 @@ pub fn follower(
 
     let mut desired_endpoints = None;
     if opts.endpoints_mode.writes_endpoints() {
-        let ep = endpoints::desired_endpoints(&groups, name, namespace, &labels, opts);
+        let ep = endpoints::desired_endpoints(&groups, name, namespace, opts);
         meta::validate(&ep.metadata)?;
         desired_endpoints = Some(ep);
     }
@@ -88,7 +107,39 @@ pub fn follower(
         slices: desired_slices,
         endpoints: desired_endpoints,
         refused_labels,
+        labels_held,
     })
+}
+
+/// Err when one remote's export of a Service is over the port or the slice limit: the ports
+/// of its Service (`service_ports`), the distinct ports and the follower slices of its
+/// endpoints (`groups`).
+fn within_limits(limits: &WriteLimits, service_ports: usize, groups: &[Group]) -> Result<(), Skip> {
+    let ports = service_ports as u64;
+    if limits.ports_over(ports) {
+        return Err(Skip::TooManyPorts {
+            ports,
+            limit: limits.ports,
+            what: "its Service",
+        });
+    }
+    let distinct: BTreeSet<_> = groups.iter().flat_map(|g| g.ports.iter()).collect();
+    let ports = distinct.len() as u64;
+    if limits.ports_over(ports) {
+        return Err(Skip::TooManyPorts {
+            ports,
+            limit: limits.ports,
+            what: "its EndpointSlices",
+        });
+    }
+    let slices = slices::slice_count(groups);
+    if limits.slices_over(slices) {
+        return Err(Skip::TooManySlices {
+            slices,
+            limit: limits.slices,
+        });
+    }
+    Ok(())
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {

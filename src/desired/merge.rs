@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::containment::Refused;
 use super::follower::{Follower, follower};
+use super::limits::LabelsHeld;
 use super::options::{Options, Skip};
 use super::{endpoints, service, slices};
 
@@ -72,6 +73,9 @@ pub struct Merged {
     pub conflicts: Vec<Conflict>,
     /// each mirrored remote's labels that were not copied, by why
     pub refused_labels: Vec<(String, Refused)>,
+    /// the winner, when its labels are over `--remote-max-label-bytes` (the follower Service's
+    /// labels are then kept as they were; only the winner's labels are ever copied)
+    pub labels_held: Option<(String, LabelsHeld)>,
 }
 
 /// The recorded origin first; then oldest first; an exported Service without a creationTimestamp
@@ -148,6 +152,10 @@ pub fn merge(
         return out;
     };
     let winner_name = &first.opts.cluster_name;
+    out.labels_held = winner
+        .labels_held
+        .clone()
+        .map(|held| (winner_name.clone(), held));
     let mut svc = winner.service.clone();
     let mut slices_out = winner.slices.clone();
     out.contributors.insert(winner_name.clone());
@@ -194,12 +202,10 @@ pub fn merge(
             .filter(|s| slices::belongs_to(s, &svc_name(&svc), &svc_namespace(&svc)))
             .collect();
         let groups = slices::group_endpoints(&relevant);
-        let labels = svc.metadata.labels.clone().unwrap_or_default();
         let mut ep = endpoints::desired_endpoints(
             &groups,
             &svc_name(&svc),
             &svc_namespace(&svc),
-            &labels,
             first.opts,
         );
         ep.metadata
@@ -213,6 +219,7 @@ pub fn merge(
         slices: slices_out,
         endpoints,
         refused_labels: Refused::new(),
+        labels_held: winner.labels_held.clone(),
     });
     out
 }

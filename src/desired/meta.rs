@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::containment::Refused;
+use super::containment::{LabelRefusal, Refused};
+use super::limits::LabelsHeld;
 use super::options::{FIELD_MANAGER, FOLLOWER_VALUE, Options, Recorded, Skip};
 
 /// The API server's limit on the total size of an object's annotation keys and values.
@@ -16,11 +17,17 @@ const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
 pub(crate) type StringMap = BTreeMap<String, String>;
 
-/// The remote labels a follower may carry, with `<key>=follower` on top, and how many were
-/// refused (reserved prefixes, the operator's deny or allow list: see [`Containment`]).
+/// The remote labels a follower Service may carry, with `<key>=follower` on top, and how many
+/// were refused (reserved prefixes, the operator's deny or allow list: see [`Containment`]).
+/// When the labels left are over `--remote-max-label-bytes`, none is carried (all counted as
+/// [`LabelRefusal::OverLimit`]) and the third part says so: the follower's labels are then
+/// kept as they were (see [`super::limits`]).
 ///
 /// [`Containment`]: super::containment::Containment
-pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> (StringMap, Refused) {
+pub(crate) fn follower_labels(
+    remote: Option<&StringMap>,
+    opts: &Options,
+) -> (StringMap, Refused, Option<LabelsHeld>) {
     let mut refused = Refused::new();
     let mut labels: StringMap = remote
         .into_iter()
@@ -38,8 +45,14 @@ pub(crate) fn follower_labels(remote: Option<&StringMap>, opts: &Options) -> (St
         )
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let held = opts.containment.limits.labels(&labels);
+    if held.is_some() {
+        let n = u32::try_from(labels.len()).unwrap_or(u32::MAX);
+        *refused.entry(LabelRefusal::OverLimit).or_default() += n;
+        labels.clear();
+    }
     labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
-    (labels, refused)
+    (labels, refused, held)
 }
 
 /// The annotation recording which label keys we copied from the leader: comma-separated, sorted.

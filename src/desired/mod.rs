@@ -20,6 +20,7 @@ mod api;
 pub mod containment;
 mod endpoints;
 pub(crate) mod follower;
+pub mod limits;
 pub mod mcs;
 mod merge;
 mod meta;

@@ -239,6 +239,30 @@ pub enum Skip {
         "ExternalName Services are refused from this remote (a local name would point at any host); allow them with the Secret annotation fair.com/cross-cluster-allow-external-name: \"true\" or --remote-allow-external-name"
     )]
     ExternalNameRefused,
+    /// One remote's export of a Service names more ports than `--remote-max-ports-per-service`
+    /// (kube-proxy programs every port of every endpoint on every node).
+    #[error(
+        "{ports} ports in {what}, more than {limit} (--remote-max-ports-per-service): what the follower has of this remote is kept as it was"
+    )]
+    TooManyPorts {
+        /// the ports found
+        ports: u64,
+        /// the limit
+        limit: u64,
+        /// where: "its Service" or "its EndpointSlices"
+        what: &'static str,
+    },
+    /// One remote's endpoints of a Service would make more follower slices than
+    /// `--remote-max-slices-per-service` (each distinct port set is a slice of its own).
+    #[error(
+        "its EndpointSlices would make {slices} follower slices, more than {limit} (--remote-max-slices-per-service): what the follower has of this remote is kept as it was"
+    )]
+    TooManySlices {
+        /// the follower slices they would make
+        slices: u64,
+        /// the limit
+        limit: u64,
+    },
 }
 
 impl Skip {

@@ -8,6 +8,10 @@ pub enum Outcome {
     Skipped(&'static str),
     Conflict,
     NotReady,
+    /// the follower Service was left as it is: the remote its fields come from has no Service
+    /// update left for now (`--remote-max-service-updates-per-second`); the key comes back
+    /// after this long (what changed meanwhile is written once then)
+    Deferred(std::time::Duration),
 }
 
 /// The skip reason of an exported Service whose local namespace does not exist (yet).
@@ -23,13 +27,14 @@ pub const PUBLIC_NAME_REFUSED: &str = "PublicNameRefused";
 impl Outcome {
     /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`
     /// (a key set aside because this replica no longer leads).
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "applied",
         "deleted",
         "unchanged",
         "skipped",
         "conflict",
         "not_ready",
+        "deferred",
         "error",
         "not_leader",
     ];
@@ -42,6 +47,7 @@ impl Outcome {
             Outcome::Skipped(_) => "skipped",
             Outcome::Conflict => "conflict",
             Outcome::NotReady => "not_ready",
+            Outcome::Deferred(_) => "deferred",
         }
     }
 }

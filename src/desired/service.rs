@@ -9,6 +9,7 @@ use super::api::{
     PREFER_DUAL_STACK, PROTOCOL_TCP, TYPE_CLUSTER_IP, TYPE_EXTERNAL_NAME,
 };
 use super::containment::Refused;
+use super::limits::LabelsHeld;
 use super::meta;
 use super::options::Options;
 
@@ -29,7 +30,7 @@ pub(crate) fn desired_service(
     name: &str,
     namespace: &str,
     opts: &Options,
-) -> (Service, Refused) {
+) -> (Service, Refused, Option<LabelsHeld>) {
     let remote_spec = remote.spec.clone().unwrap_or_default();
     let external = remote_spec.type_.as_deref() == Some(TYPE_EXTERNAL_NAME);
 
@@ -57,12 +58,16 @@ pub(crate) fn desired_service(
         }
     }
 
-    let (labels, refused) = meta::follower_labels(remote.metadata.labels.as_ref(), opts);
+    let (labels, refused, held) = meta::follower_labels(remote.metadata.labels.as_ref(), opts);
     let mut annotations = meta::origin_annotations(namespace, name, opts);
     if let Some(uid) = remote.metadata.uid.as_ref() {
         annotations.insert(opts.origin_uid_annotation(), uid.clone());
     }
-    meta::record_copied_labels(&mut annotations, &labels, opts);
+    // over the label limit, no record: the live follower's copied labels and its record of them
+    // stay as they were (nothing copied is removed, nothing new is copied)
+    if held.is_none() {
+        meta::record_copied_labels(&mut annotations, &labels, opts);
+    }
 
     let service = Service {
         metadata: ObjectMeta {
@@ -75,7 +80,7 @@ pub(crate) fn desired_service(
         spec: Some(spec),
         status: None,
     };
-    (service, refused)
+    (service, refused, held)
 }
 
 fn follower_port(port: &ServicePort) -> ServicePort {

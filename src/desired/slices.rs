@@ -120,6 +120,14 @@ pub(crate) fn group_endpoints(slices: &[&EndpointSlice]) -> Vec<Group> {
         .collect()
 }
 
+/// The follower slices `groups` make: one per started thousand endpoints of each group.
+pub(crate) fn slice_count(groups: &[Group]) -> u64 {
+    groups
+        .iter()
+        .map(|g| g.endpoints.len().div_ceil(MAX_ENDPOINTS_PER_SLICE) as u64)
+        .sum()
+}
+
 /// Keeps addresses, conditions, hostname and zone; drops nodeName, targetRef, hints and
 /// deprecatedTopology.
 fn clean_endpoint(endpoint: &Endpoint) -> Endpoint {
@@ -243,14 +251,17 @@ fn slice_name(service: &str, hash: &str, index: usize) -> String {
     format!("{prefix}{suffix}")
 }
 
+/// The follower slices of one remote's endpoints. They carry our labels only: the leader's
+/// labels go on the follower Service alone (copied onto every slice, one remote's labels would
+/// be stored once per slice: issue 37). Their copied-labels record is empty, so the labels an
+/// earlier release copied onto a slice are removed at its next write.
 pub(crate) fn desired_slices(
     groups: &[Group],
     name: &str,
     namespace: &str,
-    service_labels: &StringMap,
     opts: &Options,
 ) -> Vec<EndpointSlice> {
-    let mut labels = service_labels.clone();
+    let mut labels = StringMap::new();
     labels.insert(SERVICE_NAME_LABEL.to_string(), name.to_string());
     labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
     labels.insert(opts.label_key.clone(), FOLLOWER_VALUE.to_string());
@@ -264,7 +275,7 @@ pub(crate) fn desired_slices(
         labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), source.clone());
     }
     let mut annotations = meta::origin_annotations(namespace, name, opts);
-    meta::record_copied_labels(&mut annotations, service_labels, opts);
+    meta::record_copied_labels(&mut annotations, &StringMap::new(), opts);
     build_slices(
         groups,
         name,

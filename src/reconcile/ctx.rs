@@ -393,6 +393,22 @@ impl Ctx {
             .await;
     }
 
+    /// The winner's labels are over `--remote-max-label-bytes`: logged and an Event on the
+    /// follower (rate-limited like every Event); counted with the labels refused (reason
+    /// `over_limit`) and in `xcc_remote_write_limited`.
+    pub(super) async fn labels_held(
+        &self,
+        key: &Key,
+        remote: &str,
+        held: &crate::desired::limits::LabelsHeld,
+        on: Option<ObjectReference>,
+    ) {
+        warn!(key = %key, remote, "labels over the limit: {held}");
+        let note = format!("{key} (from {remote}): {held}");
+        self.event(EventType::Warning, "LabelsOverLimit", note, "Mirror", on)
+            .await;
+    }
+
     pub(super) async fn conflict(
         &self,
         key: &Key,

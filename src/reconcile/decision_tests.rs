@@ -908,3 +908,82 @@ async fn a_top_level_domain_the_operator_allows_is_mirrored() {
     .unwrap();
     assert_eq!(outcome, Outcome::Applied);
 }
+
+/// The exported Service with a label the live follower lacks (a flip).
+fn relabelled() -> Service {
+    let mut exported = cluster_ip_service();
+    let labels = exported.metadata.labels.get_or_insert_default();
+    labels.insert("tier".into(), "gold".into());
+    exported
+}
+
+#[tokio::test]
+async fn a_remote_out_of_service_updates_gets_its_slices_written_and_its_service_deferred() {
+    let remote_slice = slice("web-abc", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
+    let s = setup(
+        vec![relabelled()],
+        vec![remote_slice],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![],
+    );
+    // its burst used up (ten seconds' worth at the default 10 a second)
+    let remote = s.ctx.remotes.states()[0].clone();
+    let now = std::time::Instant::now();
+    let used = (0..1000)
+        .take_while(|_| remote.take_service_update(now).is_ok())
+        .count();
+    assert_eq!(used, 100);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        // no PUT of the Service: only the slice, which carries readiness
+        let sent = s
+            .api
+            .expect(
+                post(SLICES),
+                created(json!({"metadata": {"namespace": "shop", "name": "web-x",
+                                "uid": "uid-slice", "resourceVersion": "2"},
+                               "addressType": "IPv4", "endpoints": []})),
+            )
+            .await;
+        assert_eq!(sent.body["endpoints"][0]["addresses"][0], "10.0.0.1");
+    })
+    .await
+    .unwrap();
+    let Outcome::Deferred(wait) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(wait <= std::time::Duration::from_millis(100), "{wait:?}");
+    let deferred = s
+        .ctx
+        .metrics
+        .service_updates_deferred
+        .get_or_create(&crate::runtime::metrics::ByRemote::new(fixtures::REMOTE))
+        .get();
+    assert_eq!(deferred, 1);
+    let (n, first) = remote.write_limited();
+    assert_eq!(n, 1);
+    let (held, why) = first.unwrap();
+    assert_eq!(held, "shop/web");
+    assert!(why.contains("over 10 a second"), "{why}");
+}
+
+#[tokio::test]
+async fn once_an_update_is_due_the_deferred_service_is_written_with_what_changed_meanwhile() {
+    let s = setup(
+        vec![relabelled()],
+        vec![],
+        vec![fixtures::obj(live_follower("uid-web", "5"))],
+        vec![],
+    );
+    let remote = s.ctx.remotes.states()[0].clone();
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let sent = s
+            .api
+            .expect(put(WEB), ok(live_follower("uid-web", "6")))
+            .await;
+        assert_eq!(sent.body["metadata"]["labels"]["tier"], "gold");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    assert_eq!(remote.write_limited().0, 0, "nothing held");
+}

@@ -9,12 +9,13 @@
 //! records has proven the exported Service absent.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::{Span, field, info, instrument, warn};
+use tracing::{Span, debug, field, info, instrument, warn};
 
 use super::ctx::{Ctx, Key};
 use super::proof::{Evidence, Proof};
@@ -26,7 +27,7 @@ use crate::desired::{
 };
 use crate::desired::{NAMESPACE_MISSING, Outcome};
 use crate::error::{Error, NamespaceGone, Result};
-use crate::runtime::metrics::ByOutcome;
+use crate::runtime::metrics::{ByOutcome, ByRemote};
 use crate::state::RemoteState;
 
 /// One remote's knowledge of a key.
@@ -181,6 +182,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
     };
     let mut merged = desired::merge(&exports, &held, snap.service.as_deref(), &ctx.opts);
     ctx.count_refused_labels(&merged.refused_labels);
+    note_write_limits(key, &snap, &merged);
     let on = snap.service.as_ref().map(|s| s.object_ref(&()));
     for (cluster, skip) in std::mem::take(&mut merged.skipped) {
         ctx.skip(key, &cluster, skip.reason(), skip.to_string(), on.clone())
@@ -210,6 +212,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
                 match apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await {
                     Ok((outcome, uid)) => {
                         created = uid.filter(|_| snap.service.is_none());
+                        if matches!(outcome, Outcome::Deferred(_)) {
+                            note_deferred(key, &snap, &origin);
+                        }
                         outcome
                     }
                     // a namespace being deleted refuses the slices' creates too: nothing to retry
@@ -224,22 +229,65 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         }
     };
     // refusals are reported on the follower once it exists, the one this pass created included
-    if !snap.refused.is_empty() {
-        let on = on.or_else(|| {
-            created.map(|uid| ObjectReference {
-                uid: Some(uid),
-                ..service_ref(key)
-            })
-        });
-        for (remote, refused) in &snap.refused {
-            ctx.refused(key, remote, refused, on.clone()).await;
-        }
+    let on = on.or_else(|| {
+        created.map(|uid| ObjectReference {
+            uid: Some(uid),
+            ..service_ref(key)
+        })
+    });
+    for (remote, refused) in &snap.refused {
+        ctx.refused(key, remote, refused, on.clone()).await;
+    }
+    if let Some((remote, held)) = &merged.labels_held {
+        ctx.labels_held(key, remote, held, on).await;
     }
     ctx.metrics
         .reconciles
         .get_or_create(&ByOutcome::new(outcome.label()))
         .inc();
     Ok(outcome)
+}
+
+/// Records, on each remote that exports the key or proves it gone, whether its export is held
+/// at a write limit now (what /readyz and `xcc_remote_write_limited` show): its slices or ports
+/// over theirs (skipped), or, for the winner, its labels over theirs.
+fn note_write_limits(key: &Key, snap: &Snapshot, merged: &Merged) {
+    let id = key.to_string();
+    for (state, view) in &snap.remotes {
+        let why = match view {
+            View::Unknown => continue,
+            View::Absent => None,
+            View::Exports { .. } => {
+                let name = &*state.name;
+                let skipped = merged.skipped.iter().find(|(c, skip)| {
+                    c == name
+                        && matches!(
+                            skip,
+                            desired::Skip::TooManyPorts { .. }
+                                | desired::Skip::TooManySlices { .. }
+                        )
+                });
+                let labels = merged.labels_held.as_ref().filter(|(c, _)| c == name);
+                skipped
+                    .map(|(_, skip)| skip.to_string())
+                    .or_else(|| labels.map(|(_, held)| held.to_string()))
+            }
+        };
+        state.set_write_limited(&id, why);
+    }
+}
+
+/// The follower Service was left as it is for want of an update of `origin`, the remote its
+/// fields come from: shown on /readyz with the write limits until a pass writes it.
+fn note_deferred(key: &Key, snap: &Snapshot, origin: &str) {
+    let Some((state, _)) = snap.remotes.iter().find(|(s, _)| *s.name == *origin) else {
+        return;
+    };
+    let why = format!(
+        "its Service updates are over {} a second (--remote-max-service-updates-per-second): the follower Service's latest changes wait and are written together",
+        state.service_update_rate()
+    );
+    state.set_write_limited(&key.to_string(), Some(why));
 }
 
 impl Snapshot {
@@ -426,8 +474,26 @@ enum ServiceState {
     Ready {
         uid: String,
         changed: bool,
+        /// left as it is: the remote its fields come from has no update left for this long
+        deferred: Option<Duration>,
     },
     Done(Outcome),
+}
+
+/// Whether the follower Service may be changed now: the remote its fields come from (the
+/// merge's winner, `winner`) takes one of its updates (`--remote-max-service-updates-per-second`);
+/// Err with how long until one is due.
+fn update_allowed(ctx: &Ctx, key: &Key, winner: Option<&RemoteState>) -> Result<(), Duration> {
+    let Some(w) = winner else { return Ok(()) };
+    let wait = w.take_service_update(std::time::Instant::now());
+    if wait.is_err() {
+        debug!(key = %key, remote = %w.name, "follower Service update deferred: the remote's updates are used up for now");
+        ctx.metrics
+            .service_updates_deferred
+            .get_or_create(&ByRemote::new(&w.name))
+            .inc();
+    }
+    wait
 }
 
 async fn ensure_service(
@@ -436,6 +502,7 @@ async fn ensure_service(
     proof: &Proof,
     actual: Option<Service>,
     desired: &Service,
+    winner: Option<&RemoteState>,
 ) -> Result<ServiceState> {
     let (mut actual, mut looked) = (actual, false);
     // at most: create -> AlreadyExists -> read it -> update it
@@ -446,6 +513,7 @@ async fn ensure_service(
                     return Ok(ServiceState::Ready {
                         uid: uid_of(&s)?,
                         changed: true,
+                        deferred: None,
                     });
                 }
                 Ok(Written::Skipped) => match dry_run_look(ctx, key, desired, looked).await? {
@@ -481,11 +549,23 @@ async fn ensure_service(
         if r == Recorded::GoEra {
             info!(key = %key, "adopting a follower left by the Go controller");
         }
-        match service_change(&live, desired) {
+        let change = service_change(&live, desired);
+        if change != ServiceChange::Unchanged
+            && let Err(wait) = update_allowed(ctx, key, winner)
+        {
+            // left as it is for now; its slices are still written (they carry readiness)
+            return Ok(ServiceState::Ready {
+                uid: uid_of(&live)?,
+                changed: false,
+                deferred: Some(wait),
+            });
+        }
+        match change {
             ServiceChange::Unchanged => {
                 return Ok(ServiceState::Ready {
                     uid: uid_of(&live)?,
                     changed: false,
+                    deferred: None,
                 });
             }
             ServiceChange::Update(s) => {
@@ -493,6 +573,7 @@ async fn ensure_service(
                     Written::Done(s) => Ok(ServiceState::Ready {
                         uid: uid_of(&s)?,
                         changed: true,
+                        deferred: None,
                     }),
                     Written::Skipped => Ok(ServiceState::Done(Outcome::Applied)),
                 };
@@ -580,8 +661,19 @@ async fn apply_follower(
     mut f: Follower,
 ) -> Result<(Outcome, Option<String>)> {
     let actual = snap.service.as_deref().cloned();
-    let (uid, mut changed) = match ensure_service(ctx, key, proof, actual, &f.service).await? {
-        ServiceState::Ready { uid, changed } => (uid, changed),
+    let origin = origin_of(&f.service, ctx);
+    let winner = snap
+        .remotes
+        .iter()
+        .map(|(state, _)| state.as_ref())
+        .find(|state| *state.name == *origin);
+    let service = ensure_service(ctx, key, proof, actual, &f.service, winner).await?;
+    let (uid, mut changed, deferred) = match service {
+        ServiceState::Ready {
+            uid,
+            changed,
+            deferred,
+        } => (uid, changed, deferred),
         ServiceState::Done(outcome) => return Ok((outcome, None)),
     };
     set_slice_owner(&mut f.slices, &key.name, &uid);
@@ -601,10 +693,10 @@ async fn apply_follower(
             None => return Ok((Outcome::Conflict, Some(uid))),
         }
     }
-    let outcome = if changed {
-        Outcome::Applied
-    } else {
-        Outcome::Unchanged
+    let outcome = match deferred {
+        Some(wait) => Outcome::Deferred(wait),
+        None if changed => Outcome::Applied,
+        None => Outcome::Unchanged,
     };
     Ok((outcome, Some(uid)))
 }

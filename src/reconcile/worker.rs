@@ -479,6 +479,12 @@ pub async fn run(ctl: Arc<Controller>) {
             // queued again by the next full pass; no lag to measure
             Ok(Outcome::NotReady) => ctl.drop_key(&key, "not_ready"),
             Err(Error::NotLeader) => ctl.drop_key(&key, "not_leader"),
+            // its Service waits for an update of its remote: back when one is due, measured then
+            Ok(Outcome::Deferred(wait)) => {
+                ctl.forget(&key);
+                ctl.restore_pending(&key, since);
+                ctl.queue.add_after(key, wait);
+            }
             Ok(outcome) => {
                 ctl.forget(&key);
                 ctl.settled(

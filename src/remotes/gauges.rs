@@ -49,6 +49,7 @@ fn read(ctl: &Weak<Controller>) -> Vec<RemoteReading> {
                 .mcs
                 .as_ref()
                 .map(|c| matches!(c.grant(), Grant::Refused { .. })),
+            write_limited: s.write_limited().0 as i64,
         })
         .collect()
 }

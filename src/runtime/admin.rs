@@ -62,6 +62,21 @@ fn is_invisible(c: char) -> bool {
 /// The /readyz line of a daemon that knows no local pod network.
 pub const NO_POD_RANGE: &str = "local pod networks: none known (no node has spec.podCIDRs, no Calico IPPool or CiliumNode names one): a remote may name a local pod's address; name them with --local-pod-cidrs";
 
+/// The /readyz line of a remote whose followers are held at a write limit (issue 37): how many,
+/// and the first with why. It does not make the daemon unready: the rest of that remote, and
+/// every other, goes on (an unready pod would let one remote block the local cluster's node
+/// drains through the PodDisruptionBudget).
+fn write_limited_line(r: &crate::state::RemoteState) -> Option<String> {
+    let (n, first) = r.write_limited();
+    let (key, why) = first?;
+    Some(format!(
+        "remote {}: {n} follower(s) held at a write limit; {}: {}",
+        detail(&r.name),
+        detail(&key),
+        detail(&why)
+    ))
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -77,6 +92,9 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
                 let (name, why) = (detail(&r.name), detail(&why));
                 lines.push(format!("remote {name}: not ready: {why}"));
             }
+        }
+        if let Some(line) = write_limited_line(&r) {
+            lines.push(line);
         }
     }
     for r in s.remotes.states() {

@@ -43,6 +43,7 @@ pub struct Metrics {
     pub probes: PerRemote<ByRemoteOutcome, Counter>,
     pub labels_refused: PerRemote<ByRemoteReason, Counter>,
     pub taken_over: PerRemote<ByRemote, Counter>,
+    pub service_updates_deferred: PerRemote<ByRemote, Counter>,
 }
 
 /// 1 ms .. ~33 s
@@ -80,6 +81,7 @@ impl Default for Metrics {
             probes: PerRemote::new(&gone),
             labels_refused: PerRemote::new(&gone),
             taken_over: PerRemote::new(&gone),
+            service_updates_deferred: PerRemote::new(&gone),
             departed: gone,
             registry: Registry::default(),
         };
@@ -195,8 +197,13 @@ impl Default for Metrics {
         );
         registry.register(
             "labels_refused",
-            "Remote labels not copied onto local objects, by remote and reason (reserved, denied, not_allowed), counted at each pass that builds a follower",
+            "Remote labels not copied onto local objects, by remote and reason (reserved, denied, not_allowed, over_limit: the leader's labels over --remote-max-label-bytes), counted at each pass that builds a follower",
             m.labels_refused.clone(),
+        );
+        registry.register(
+            "service_updates_deferred",
+            "Follower Service updates left for later because the remote their fields come from had none left (--remote-max-service-updates-per-second); the key comes back when one is due and writes what changed meanwhile once",
+            m.service_updates_deferred.clone(),
         );
         registry.register(
             "followers_taken_over",
@@ -303,6 +310,7 @@ impl Metrics {
             touch_remote(&self.labels_refused, ByRemoteReason::new(remote, reason));
         }
         touch_remote(&self.taken_over, ByRemote::new(remote));
+        touch_remote(&self.service_updates_deferred, ByRemote::new(remote));
         for kind in KINDS {
             touch_remote(&self.conflicts, ByRemoteKind::new(remote, kind));
         }
@@ -336,6 +344,7 @@ impl Metrics {
         self.probes.forget(remote);
         self.labels_refused.forget(remote);
         self.taken_over.forget(remote);
+        self.service_updates_deferred.forget(remote);
     }
 
     pub fn render(&self) -> String {
@@ -549,6 +558,16 @@ mod tests {
                 message: String::new(),
             },
             Skip::AnnotationsTooLarge { size: 0, limit: 0 },
+            Skip::ExternalNameRefused,
+            Skip::TooManyPorts {
+                ports: 0,
+                limit: 0,
+                what: "",
+            },
+            Skip::TooManySlices {
+                slices: 0,
+                limit: 0,
+            },
         ];
         for s in &skips {
             assert!(Skip::REASONS.contains(&s.reason()), "{}", s.reason());

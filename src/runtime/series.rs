@@ -169,11 +169,13 @@ pub struct RemoteReading {
     pub mcs_name_refused: Option<bool>,
     /// None without the data-path probe
     pub cut_off: Option<bool>,
+    /// its followers held at a write limit now
+    pub write_limited: i64,
 }
 
 /// The gauge families [`RemoteGauges`] publishes: (name, help). Registered families are listed
 /// in `registry.register` calls; these are the rest (`tests/reference.rs` counts both).
-pub const REMOTE_GAUGES: [(&str, &str); 9] = [
+pub const REMOTE_GAUGES: [(&str, &str); 10] = [
     (
         "followers",
         "Leaders this remote exports (each mirrored into one local follower, merged with other remotes' exports of the same namespace/name)",
@@ -206,6 +208,10 @@ pub const REMOTE_GAUGES: [(&str, &str); 9] = [
     (
         "remote_cut_off",
         "1 while the data-path probe finds this remote's endpoints unreachable (every probe failed for probe_after): they are published as not ready; only for a remote with the probe",
+    ),
+    (
+        "remote_write_limited",
+        "Followers held at a write limit now because of this remote: its leader's labels over --remote-max-label-bytes (the follower's labels kept as they were), or its slices or ports over --remote-max-slices-per-service or --remote-max-ports-per-service (what the follower has of it kept as it was)",
     ),
 ];
 
@@ -276,6 +282,7 @@ impl Collector for RemoteGauges {
             stale,
             mcs,
             cut,
+            limited,
         ] = REMOTE_GAUGES;
         gauge(&mut e, followers, by(|x| Some(x.followers)))?;
         let per_kind = r.iter().flat_map(|x| {
@@ -295,6 +302,7 @@ impl Collector for RemoteGauges {
         gauge(&mut e, expiry, by(|x| x.credential_expiry))?;
         gauge(&mut e, stale, by(|x| x.stale.map(i64::from)))?;
         gauge(&mut e, mcs, by(|x| x.mcs_name_refused.map(i64::from)))?;
-        gauge(&mut e, cut, by(|x| x.cut_off.map(i64::from)))
+        gauge(&mut e, cut, by(|x| x.cut_off.map(i64::from)))?;
+        gauge(&mut e, limited, by(|x| Some(x.write_limited)))
     }
 }

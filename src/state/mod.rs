@@ -4,6 +4,7 @@ pub mod cache;
 pub mod local;
 pub mod mcs;
 pub mod networks;
+pub mod rate;
 pub mod ready;
 pub mod remote;
 pub mod remotes;

@@ -39,6 +39,11 @@ pub struct RemoteState {
     pub addresses: crate::desired::addresses::AddressPolicy,
     /// how much it may cost, and whether it is over (see [`super::budget`])
     pub budget: Budget,
+    /// its followers held at a write limit now (`namespace/name` -> why; see
+    /// [`crate::desired::limits`]): at most one entry per Service it exports
+    write_limited: parking_lot::Mutex<std::collections::BTreeMap<String, String>>,
+    /// how often the follower Services whose fields come from it may be updated
+    service_updates: parking_lot::Mutex<super::rate::TokenBucket>,
 }
 
 /// What a slice counts against its remote's budget: its endpoints.
@@ -48,6 +53,7 @@ fn endpoints(s: &EndpointSlice) -> usize {
 
 impl RemoteState {
     pub fn new(name: &str, opts: Options, namespaces: Vec<String>) -> Self {
+        let rate = opts.containment.limits.service_updates;
         Self {
             name: name.into(),
             opts,
@@ -65,7 +71,42 @@ impl RemoteState {
             mcs: None,
             addresses: Default::default(),
             budget: Budget::default(),
+            write_limited: Default::default(),
+            service_updates: parking_lot::Mutex::new(super::rate::TokenBucket::new(rate)),
         }
+    }
+
+    /// Takes a token for one update of a follower Service whose fields come from this remote;
+    /// Err with how long until one is due (the pass then leaves the Service as it is).
+    pub fn take_service_update(&self, now: std::time::Instant) -> Result<(), std::time::Duration> {
+        self.service_updates.lock().take(now)
+    }
+
+    /// The follower Service updates a second it may cause (0: no limit).
+    pub fn service_update_rate(&self) -> u64 {
+        self.service_updates.lock().rate()
+    }
+
+    /// A pass of `key` found this remote's export of it over a write limit (`why`), or within
+    /// them all (None).
+    pub fn set_write_limited(&self, key: &str, why: Option<String>) {
+        let mut held = self.write_limited.lock();
+        match why {
+            Some(why) => {
+                held.insert(key.to_string(), why);
+            }
+            None => {
+                held.remove(key);
+            }
+        }
+    }
+
+    /// How many of its followers are held at a write limit, and the first of them (by key)
+    /// with why: what /readyz shows.
+    pub fn write_limited(&self) -> (usize, Option<(String, String)>) {
+        let held = self.write_limited.lock();
+        let first = held.iter().next().map(|(k, v)| (k.clone(), v.clone()));
+        (held.len(), first)
     }
 
     /// With its budget (see [`super::budget`]).

@@ -45,10 +45,11 @@ fn basic_endpoints() {
     assert_eq!(ep.metadata.namespace.as_deref(), Some("shop"));
     let labels = ep.metadata.labels.as_ref().unwrap();
     assert_eq!(labels["fair.com/cross-cluster"], "follower");
-    assert_eq!(labels["app"], "web");
+    // the leader's labels go on the follower Service alone
+    assert!(!labels.contains_key("app"), "{labels:?}");
     let annotations = ep.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations.len(), 3);
-    assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "app");
+    assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "");
     assert_eq!(
         annotations["fair.com/cross-cluster-origin-cluster"],
         "remote-a"
@@ -320,20 +321,26 @@ fn endpoints_change_unchanged() {
 }
 
 #[test]
-fn a_label_dropped_by_the_exported_service_leaves_the_endpoints_too() {
+fn labels_an_earlier_release_copied_onto_the_endpoints_are_removed() {
     let remote = slice("web-a", "IPv4", web_ports(), vec![endpoint("10.0.0.1")]);
-    let mut tiered = cluster_ip_service();
-    let labels = tiered.metadata.labels.get_or_insert_with(Default::default);
+    let desired = run(&[&remote]);
+    // what a release before issue 37 wrote: the leader's labels, and their record
+    let mut actual = live(&desired); // also carries a local label "team"
+    let labels = actual.metadata.labels.get_or_insert_default();
+    labels.insert("app".into(), "web".into());
     labels.insert("tier".into(), "gold".into());
-    let o = opts(EndpointsMode::Endpoints);
-    let before = follower(&tiered, &[&remote], &o).unwrap();
-    let actual = live(&before.endpoints.unwrap()); // also carries a local label "team"
-    let after = run(&[&remote]);
-    let updated = endpoints_change(&actual, &after).expect("the label must go");
+    actual.metadata.annotations.get_or_insert_default().insert(
+        "fair.com/cross-cluster-copied-labels".into(),
+        "app,tier".into(),
+    );
+    let updated = endpoints_change(&actual, &desired).expect("the copies must go");
     let labels = updated.metadata.labels.as_ref().unwrap();
-    assert!(!labels.contains_key("tier"), "{labels:?}");
+    assert!(
+        !labels.contains_key("tier") && !labels.contains_key("app"),
+        "{labels:?}"
+    );
     assert_eq!(labels["team"], "someone-else");
-    assert_eq!(endpoints_change(&updated, &after), None);
+    assert_eq!(endpoints_change(&updated, &desired), None);
 }
 
 #[test]

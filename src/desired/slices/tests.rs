@@ -45,10 +45,11 @@ fn basic_slice() {
     assert_eq!(labels["kubernetes.io/service-name"], "web");
     assert_eq!(labels["endpointslice.kubernetes.io/managed-by"], MANAGED_BY);
     assert_eq!(labels["fair.com/cross-cluster"], "follower");
-    assert_eq!(labels["app"], "web");
+    // the leader's labels go on the follower Service alone
+    assert!(!labels.contains_key("app"), "{labels:?}");
     let annotations = s.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations.len(), 3);
-    assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "app");
+    assert_eq!(annotations["fair.com/cross-cluster-copied-labels"], "");
     assert_eq!(
         annotations["fair.com/cross-cluster-origin-cluster"],
         "remote-a"
@@ -395,20 +396,26 @@ fn slice_change_changed() {
 }
 
 #[test]
-fn a_label_dropped_by_the_exported_service_leaves_the_slices_too() {
+fn labels_an_earlier_release_copied_onto_a_slice_are_removed() {
     let remote = slice("web-a", "IPv4", web_ports(), many("10.1", 2));
-    let mut tiered = cluster_ip_service();
-    let labels = tiered.metadata.labels.get_or_insert_with(Default::default);
+    let desired = run(&[&remote]);
+    // what a release before issue 37 wrote: the leader's labels, and their record
+    let mut actual = live(&desired.slices[0]); // also carries a local label "team"
+    let labels = actual.metadata.labels.get_or_insert_default();
+    labels.insert("app".into(), "web".into());
     labels.insert("tier".into(), "gold".into());
-    let o = opts(EndpointsMode::Slices);
-    let before = follower(&tiered, &[&remote], &o).unwrap();
-    let actual = live(&before.slices[0]); // also carries a local label "team"
-    let after = run(&[&remote]);
-    let updated = slice_change(&actual, &after.slices[0]).expect("the label must go");
+    actual.metadata.annotations.get_or_insert_default().insert(
+        "fair.com/cross-cluster-copied-labels".into(),
+        "app,tier".into(),
+    );
+    let updated = slice_change(&actual, &desired.slices[0]).expect("the copies must go");
     let labels = updated.metadata.labels.as_ref().unwrap();
-    assert!(!labels.contains_key("tier"), "{labels:?}");
+    assert!(
+        !labels.contains_key("tier") && !labels.contains_key("app"),
+        "{labels:?}"
+    );
     assert_eq!(labels["team"], "someone-else");
-    assert_eq!(slice_change(&updated, &after.slices[0]), None);
+    assert_eq!(slice_change(&updated, &desired.slices[0]), None);
 }
 
 #[test]
