@@ -17,6 +17,10 @@ pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
 /// (`--protected-namespaces`).
 pub const NAMESPACE_PROTECTED: &str = "NamespaceProtected";
 
+/// The skip reason of a new follower that waits for a ClusterIP: its remote (or all remotes
+/// together) holds its share of the local Service range.
+pub const SERVICE_IPS_LIMITED: &str = "ServiceIpsLimited";
+
 impl Outcome {
     /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`
     /// (a key set aside because this replica no longer leads).
