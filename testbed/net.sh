@@ -71,7 +71,11 @@ api_ip() { echo "10.250.$(($(cluster_index "$1") + 1)).1"; }
 node_bed_ip() { echo "10.250.$(($(cluster_index "$1") + 1)).$((10 + ${2:-1}))"; }
 cluster_pod_cidr() { echo "10.$((200 + $(cluster_index "$1"))).0.0/16"; }
 node_pod_cidr() { echo "10.$((200 + $(cluster_index "$1"))).${2:-1}.0/24"; }
-service_cidr() { echo "10.$((96 + $(cluster_index "$1"))).0.0/16"; }
+# a cluster's Service range is a /16 unless `up` recorded another prefix length for it
+# (XCC_TESTBED_SERVICE_PREFIX, see testbed/bed)
+service_prefix() { cat "$dir/$1/service-prefix" 2>/dev/null || echo 16; }
+service_cidr() { echo "10.$((96 + $(cluster_index "$1"))).0.0/$(service_prefix "$1")"; }
+service_first_ip() { echo "10.$((96 + $(cluster_index "$1"))).0.1"; }
 dns_ip() { echo "10.$((96 + $(cluster_index "$1"))).0.10"; }
 
 # add_api_ip CLUSTER: the API server's address on the bed's bridge

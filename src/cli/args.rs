@@ -212,6 +212,24 @@ pub struct Args {
     #[arg(long, env = "REMOTE_MAX_CACHE_BYTES", default_value = "64Mi", value_parser = crate::state::budget::parse_bytes)]
     pub remote_max_cache_bytes: u64,
 
+    /// The share of the local Service range one remote's followers may hold (`N%` or `off`):
+    /// over it, its new followers that would take a ClusterIP wait (not created), with an Event,
+    /// a skip counted with reason `ServiceIpsLimited` and a /readyz line; existing ones are
+    /// kept. The range's size comes from the local ServiceCIDRs (or --local-service-ips).
+    #[arg(long, env = "REMOTE_MAX_SERVICE_IP_SHARE", default_value = "25%", value_parser = crate::state::service_ips::parse_share)]
+    pub remote_max_service_ip_share: crate::state::service_ips::Share,
+
+    /// The share of the local Service range all remotes together may hold, their followers and
+    /// the MCS derived Services (`N%` or `off`).
+    #[arg(long, env = "REMOTES_MAX_SERVICE_IP_SHARE", default_value = "50%", value_parser = crate::state::service_ips::parse_share)]
+    pub remotes_max_service_ip_share: crate::state::service_ips::Share,
+
+    /// The usable addresses of the local Service range where the local cluster serves no
+    /// ServiceCIDRs (Kubernetes before 1.33): without it there, no share is enforced. Served
+    /// ServiceCIDRs win over it.
+    #[arg(long, env = "LOCAL_SERVICE_IPS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub local_service_ips: Option<u64>,
+
     #[command(flatten)]
     pub containment: super::containment::ContainmentArgs,
 
@@ -402,6 +420,11 @@ impl Args {
                 }),
                 local_cidrs: self.local_cidrs.0.clone(),
                 local_pod_cidrs: self.local_pod_cidrs.0.clone(),
+                service_ips: crate::state::service_ips::Shares {
+                    remote: self.remote_max_service_ip_share.0,
+                    all: self.remotes_max_service_ip_share.0,
+                    range: self.local_service_ips,
+                },
             },
             lease,
             sweep: crate::reconcile::sweep::Settings {

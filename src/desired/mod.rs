@@ -36,7 +36,9 @@ pub use endpoints::endpoints_change;
 pub use follower::{Follower, follower};
 pub use merge::{Conflict, ConflictKind, Export, Merged, merge, not_ready};
 pub use options::*;
-pub use outcome::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome, PUBLIC_NAME_REFUSED};
+pub use outcome::{
+    NAMESPACE_MISSING, NAMESPACE_PROTECTED, Outcome, PUBLIC_NAME_REFUSED, SERVICE_IPS_LIMITED,
+};
 pub use service::{ServiceChange, service_change};
 pub use slices::{probe_targets, set_slice_owner, slice_change};
 

@@ -24,6 +24,10 @@ pub const NAMESPACE_PROTECTED: &str = "NamespaceProtected";
 /// (`desired::names`): its follower would make local look-ups of public names answer.
 pub const PUBLIC_NAME_REFUSED: &str = "PublicNameRefused";
 
+/// The skip reason of a new follower that waits for a ClusterIP: its remote (or all remotes
+/// together) holds its share of the local Service range.
+pub const SERVICE_IPS_LIMITED: &str = "ServiceIpsLimited";
+
 impl Outcome {
     /// Every label [`Outcome::label`] returns, `error` (a pass that failed) and `not_leader`
     /// (a key set aside because this replica no longer leads).

@@ -158,6 +158,8 @@ pub struct Settings {
     pub local_cidrs: Vec<ipnet::IpNet>,
     /// the local pods' networks named by the operator (`--local-pod-cidrs`)
     pub local_pod_cidrs: Vec<ipnet::IpNet>,
+    /// the shares of the local Service range remotes may hold
+    pub service_ips: crate::state::service_ips::Shares,
 }
 
 /// Who records our Events.
@@ -207,9 +209,13 @@ impl Ctx {
             opts: settings.opts,
             namespaces: settings.namespaces,
             remotes: Arc::new(Remotes::default()),
-            local: Arc::new(LocalState::new(crate::state::Networks::new(
-                configured_networks(settings.local_cidrs, settings.local_pod_cidrs),
-            ))),
+            local: Arc::new(
+                LocalState::new(crate::state::Networks::new(configured_networks(
+                    settings.local_cidrs,
+                    settings.local_pod_cidrs,
+                )))
+                .with_shares(settings.service_ips),
+            ),
             writer,
             metrics: Arc::clone(metrics),
             create_namespaces: settings.create_namespaces,

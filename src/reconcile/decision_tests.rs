@@ -28,11 +28,28 @@ fn setup(
     local_services: Vec<Service>,
     local_slices: Vec<EndpointSlice>,
 ) -> Setup {
+    setup_in(
+        LocalState::default(),
+        exported,
+        remote_slices,
+        local_services,
+        local_slices,
+    )
+}
+
+/// [`setup`] with a local state of the test's own (its Service IP shares).
+fn setup_in(
+    local: LocalState,
+    exported: Vec<Service>,
+    remote_slices: Vec<EndpointSlice>,
+    local_services: Vec<Service>,
+    local_slices: Vec<EndpointSlice>,
+) -> Setup {
     let remote = RemoteState::new(fixtures::REMOTE, opts(), vec![]);
     loaded(&remote.services, exported);
     loaded(&remote.slices, remote_slices);
     loaded(&remote.foreign_slices, []);
-    let local = LocalState::default().networks_listed();
+    let local = local.networks_listed();
     loaded(&local.services, local_services);
     loaded(&local.slices, local_slices);
     loaded(&local.endpoints, []);
@@ -986,4 +1003,110 @@ async fn once_an_update_is_due_the_deferred_service_is_written_with_what_changed
     .unwrap();
     assert_eq!(outcome, Outcome::Applied);
     assert_eq!(remote.write_limited().0, 0, "nothing held");
+}
+
+/// A local state whose Service range has `range` addresses (by `--local-service-ips`), with
+/// `held` of them held by the remote's followers already.
+fn limited_local(range: u64, held: usize) -> LocalState {
+    use crate::state::service_ips::{Holder, Shares};
+    let local = LocalState::default().with_shares(Shares {
+        range: Some(range),
+        ..Shares::default()
+    });
+    for i in 0..held {
+        let holder = Some(Holder::Remote(fixtures::REMOTE.into()));
+        local.service_ips.apply(format!("shop/other-{i}"), holder);
+    }
+    local
+}
+
+#[tokio::test]
+async fn a_new_follower_over_its_remotes_share_of_service_ips_waits_and_sends_only_an_event() {
+    // 25% of 8 addresses: 2, both held
+    let local = limited_local(8, 2);
+    let s = setup_in(local, vec![cluster_ip_service()], vec![], vec![], vec![]);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        // no POST of the Service: only the Event, on the fallback reference
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event_created(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "ServiceIpsLimited");
+        let note = ev.body["note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("holds 2 ClusterIPs") && note.contains("25% of 8"),
+            "{note}"
+        );
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("ServiceIpsLimited"));
+    let ips = &s.ctx.local.service_ips;
+    assert_eq!(ips.waiting(), vec![key().group()]);
+    assert_eq!(ips.held_by(fixtures::REMOTE), 2);
+}
+
+#[tokio::test]
+async fn a_headless_follower_takes_no_address_and_is_created_over_the_share() {
+    let local = limited_local(8, 2);
+    let mut headless = cluster_ip_service();
+    headless.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    let s = setup_in(local, vec![headless], vec![], vec![], vec![]);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        let mut live = live_follower("new-uid", "1");
+        live["spec"]["clusterIP"] = json!("None");
+        let sent = s.api.expect(post(SERVICES), created(live)).await;
+        assert_eq!(sent.body["spec"]["clusterIP"], "None");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    assert!(s.ctx.local.service_ips.waiting().is_empty());
+}
+
+#[tokio::test]
+async fn a_follower_within_the_share_is_created_and_a_failed_create_frees_its_address() {
+    let local = limited_local(8, 1);
+    let s = setup_in(local, vec![cluster_ip_service()], vec![], vec![], vec![]);
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api
+            .expect(post(SERVICES), created(live_follower("new-uid", "1")))
+            .await;
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Applied);
+    let ips = &s.ctx.local.service_ips;
+    assert_eq!(
+        ips.held_by(fixtures::REMOTE),
+        2,
+        "reserved before the watch saw it"
+    );
+
+    // the same with a create refused (its namespace is missing): nothing held for it
+    let s = setup_in(
+        limited_local(8, 1),
+        vec![cluster_ip_service()],
+        vec![],
+        vec![],
+        vec![],
+    );
+    let outcome = run(&[&s.api], reconcile(&s.ctx, &key()), async {
+        s.api.expect(post(SERVICES), status(404, "NotFound")).await;
+        let ev = s
+            .api
+            .expect(
+                post("/apis/events.k8s.io/v1/namespaces/default/events"),
+                event_created(),
+            )
+            .await;
+        assert_eq!(ev.body["reason"], "NamespaceMissing");
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Skipped("NamespaceMissing"));
+    assert_eq!(s.ctx.local.service_ips.held_by(fixtures::REMOTE), 1);
 }

@@ -25,10 +25,11 @@ use crate::desired::{
     self, Export, Follower, Merged, Recorded, ServiceChange, endpoints_change, recorded,
     service_change, set_slice_owner, slice_change, slice_recorded,
 };
-use crate::desired::{NAMESPACE_MISSING, Outcome};
+use crate::desired::{NAMESPACE_MISSING, Outcome, SERVICE_IPS_LIMITED};
 use crate::error::{Error, NamespaceGone, Result};
 use crate::runtime::metrics::{ByOutcome, ByRemote};
 use crate::state::RemoteState;
+use crate::state::service_ips::takes_cluster_ip;
 
 /// One remote's knowledge of a key.
 enum View {
@@ -133,6 +134,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
         return Ok(Outcome::Unchanged);
     }
     let snap = Snapshot::take(ctx, &key.group())?;
+    ctx.local.service_ips.settled(&key.group());
     Span::current().record("remote", snap.exporting().join(","));
     if ctx.opts.protected(&key.namespace) {
         return Ok(ctx.refuse_protected(key, &snap.exporting()).await);
@@ -209,7 +211,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Outcome> {
             Some(mut f) => {
                 record_contributors(&mut f, &merged.contributors, ctx);
                 let origin = origin_of(&f.service, ctx);
-                match apply_follower(ctx, key, &snap, &proof, !held.is_empty(), f).await {
+                let held = !held.is_empty();
+                match mirror(ctx, key, &snap, &proof, held, f, &origin).await {
                     Ok((outcome, uid)) => {
                         created = uid.filter(|_| snap.service.is_none());
                         if matches!(outcome, Outcome::Deferred(_)) {
@@ -288,6 +291,42 @@ fn note_deferred(key: &Key, snap: &Snapshot, origin: &str) {
         state.service_update_rate()
     );
     state.set_write_limited(&key.to_string(), Some(why));
+}
+
+/// [`apply_follower`], but a new follower that would take a ClusterIP waits while its remote
+/// (or all remotes) hold their share of the local Service range.
+async fn mirror(
+    ctx: &Ctx,
+    key: &Key,
+    snap: &Snapshot,
+    proof: &Proof,
+    held: bool,
+    f: Follower,
+    origin: &str,
+) -> Result<(Outcome, Option<String>)> {
+    let new_ip = snap.service.is_none() && takes_cluster_ip(&f.service);
+    if new_ip && let Err(limited) = reserve_ip(ctx, key, origin) {
+        let why = limited.to_string();
+        let outcome = ctx.skip(key, origin, SERVICE_IPS_LIMITED, why, None).await;
+        return Ok((outcome, None));
+    }
+    let applied = apply_follower(ctx, key, snap, proof, held, f).await;
+    // not created after all: its address is not taken
+    if new_ip && !matches!(&applied, Ok((_, Some(_)))) {
+        ctx.local.service_ips.release(&key.group());
+    }
+    applied
+}
+
+/// A ClusterIP of the local Service range for a new follower of `remote`, if its share allows
+/// (see `state::service_ips`).
+fn reserve_ip(
+    ctx: &Ctx,
+    key: &Key,
+    remote: &str,
+) -> std::result::Result<(), crate::state::service_ips::Limited> {
+    let range = ctx.local.networks.service_range();
+    ctx.local.service_ips.reserve(&key.group(), remote, range)
 }
 
 impl Snapshot {

@@ -77,6 +77,30 @@ fn write_limited_line(r: &crate::state::RemoteState) -> Option<String> {
     ))
 }
 
+/// The local Service range and the remotes whose new followers wait for one of its addresses
+/// (none of them a reason to stop: existing followers are served).
+fn service_ip_lines(local: &LocalState) -> Vec<String> {
+    let ips = &local.service_ips;
+    let range = local.networks.service_range().or(ips.shares.range);
+    let share = |s: Option<u8>| s.map_or("no limit".to_string(), |p| format!("{p}%"));
+    let mut lines = vec![match range {
+        Some(n) => format!(
+            "local Service range: {n} addresses; remotes hold {} (each may hold {}, all together {})",
+            ips.held_by_all(),
+            share(ips.shares.remote),
+            share(ips.shares.all)
+        ),
+        None => "local Service range: unknown (no ServiceCIDR names it): no share of it is enforced; name its size with --local-service-ips".into(),
+    }];
+    for (remote, waiting, held) in ips.limited() {
+        lines.push(format!(
+            "remote {}: Service IPs limited: {waiting} new followers wait for a ClusterIP (it holds {held})",
+            detail(&remote)
+        ));
+    }
+    lines
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -121,6 +145,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         }
         Some(why) => lines.push(format!("local networks: not listed: {}", detail(&why))),
     }
+    lines.extend(service_ip_lines(&s.local));
     // the networks have their own line above: this one says only what it names
     ready &= s.local.ready();
     let ok = s.local.followers_ready();

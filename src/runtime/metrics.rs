@@ -297,12 +297,15 @@ impl Metrics {
     /// and `absent()` alerts work from the start) instead of being missing from the page.
     pub fn init_remote(&self, remote: &str) {
         use crate::desired::Skip;
-        use crate::desired::{NAMESPACE_MISSING, NAMESPACE_PROTECTED, PUBLIC_NAME_REFUSED};
+        use crate::desired::{
+            NAMESPACE_MISSING, NAMESPACE_PROTECTED, PUBLIC_NAME_REFUSED, SERVICE_IPS_LIMITED,
+        };
         self.departed.remove(remote);
         for reason in Skip::REASONS.iter().copied().chain([
             NAMESPACE_MISSING,
             NAMESPACE_PROTECTED,
             PUBLIC_NAME_REFUSED,
+            SERVICE_IPS_LIMITED,
         ]) {
             touch_remote(&self.skipped, ByRemoteReason::new(remote, reason));
         }

@@ -6,6 +6,7 @@ use parking_lot::RwLock;
 use super::cache::{Cache, by_name, by_service_label};
 use super::networks::Networks;
 use super::ready::Signals;
+use super::service_ips::{ServiceIps, Shares};
 
 /// Our followers in the local cluster (everything labelled `<key>=follower`).
 pub struct LocalState {
@@ -14,6 +15,8 @@ pub struct LocalState {
     pub endpoints: RwLock<Cache<Endpoints>>,
     /// the local cluster's own networks, which no remote may claim
     pub networks: Networks,
+    /// the ClusterIPs remotes' Services hold of the local Service range
+    pub service_ips: ServiceIps,
 }
 
 impl Default for LocalState {
@@ -29,7 +32,14 @@ impl LocalState {
             slices: RwLock::new(Cache::new(by_service_label::<EndpointSlice>)),
             endpoints: RwLock::new(Cache::new(by_name::<Endpoints>)),
             networks,
+            service_ips: ServiceIps::default(),
         }
+    }
+
+    /// With the shares of the local Service range remotes may hold.
+    pub fn with_shares(mut self, shares: Shares) -> Self {
+        self.service_ips = ServiceIps::new(shares);
+        self
     }
 
     /// Whether every local cache and the local networks have completed a listing: until then a

@@ -8,6 +8,7 @@ pub mod rate;
 pub mod ready;
 pub mod remote;
 pub mod remotes;
+pub mod service_ips;
 
 /// The local cluster's name wherever a cluster is named beside the remotes (metric labels,
 /// request counters, the MCS source of the local exports). No remote may take it: a Secret or a

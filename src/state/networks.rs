@@ -143,6 +143,23 @@ impl Networks {
         Arc::clone(&self.zones.read())
     }
 
+    /// The usable addresses of the local Service range, by its ServiceCIDRs (None: they name
+    /// none, or the API is not served): per family, the addresses of its CIDRs (overlaps counted
+    /// once) less the network address (and an IPv4 range's broadcast address), which the API
+    /// server never allocates; of a dual-stack range, the scarcer family's.
+    pub fn service_range(&self) -> Option<u64> {
+        let parts = self.parts.read();
+        let nets: Vec<IpNet> = parts
+            .get(&Part::ServiceCidrs)?
+            .objects
+            .values()
+            .flat_map(|e| &e.nets)
+            .filter(|(_, why)| *why == Refusal::LocalServiceNetwork)
+            .map(|(n, _)| *n)
+            .collect();
+        usable_addresses(&nets)
+    }
+
     /// A listing of `part` starts.
     pub fn relist(&self, part: Part) {
         if let Some(l) = self.parts.write().get_mut(&part) {
@@ -241,9 +258,65 @@ impl Networks {
     }
 }
 
+/// Pure: the usable addresses of a Service range made of `nets` (see
+/// [`Networks::service_range`]); None when it has none.
+pub fn usable_addresses(nets: &[IpNet]) -> Option<u64> {
+    let family = |v4: bool| -> Option<u128> {
+        let of: Vec<IpNet> = nets
+            .iter()
+            .filter(|n| n.addr().is_ipv4() == v4)
+            .copied()
+            .collect();
+        (!of.is_empty()).then(|| {
+            IpNet::aggregate(&of)
+                .iter()
+                .map(|n| {
+                    let bits = u32::from(n.max_prefix_len() - n.prefix_len());
+                    let size = 1u128.checked_shl(bits).unwrap_or(u128::MAX);
+                    size.saturating_sub(if v4 { 2 } else { 1 })
+                })
+                .fold(0u128, u128::saturating_add)
+        })
+    };
+    let least = match (family(true), family(false)) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    Some(u64::try_from(least).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_range_is_its_usable_addresses_and_the_scarcer_family_decides() {
+        let nets = |v: &[&str]| v.iter().map(|n| n.parse().unwrap()).collect::<Vec<IpNet>>();
+        assert_eq!(usable_addresses(&nets(&[])), None);
+        assert_eq!(usable_addresses(&nets(&["10.96.0.0/24"])), Some(254));
+        assert_eq!(usable_addresses(&nets(&["10.96.0.0/20"])), Some(4094));
+        // overlapping ServiceCIDRs counted once; a second one adds its addresses
+        assert_eq!(
+            usable_addresses(&nets(&["10.96.0.0/24", "10.96.0.0/25", "10.97.0.0/24"])),
+            Some(508)
+        );
+        assert_eq!(
+            usable_addresses(&nets(&["10.96.0.0/24", "fd00:10:96::/112"])),
+            Some(254)
+        );
+        assert_eq!(usable_addresses(&nets(&["fd00::/64"])), Some(u64::MAX));
+        let n = Networks::new(vec![]);
+        assert_eq!(n.service_range(), None);
+        let cidr = Entry {
+            nets: vec![(
+                "10.96.0.0/24".parse().unwrap(),
+                Refusal::LocalServiceNetwork,
+            )],
+            ..Entry::default()
+        };
+        n.apply(Part::ServiceCidrs, "/kubernetes".into(), cidr);
+        assert_eq!(n.service_range(), Some(254));
+    }
 
     fn node(ip: &str, cidr: &str) -> Entry {
         Entry {

@@ -24,6 +24,7 @@ use crate::desired::addresses::Refusal;
 use crate::reconcile::worker::Controller;
 use crate::runtime::supervisor::Supervisor;
 use crate::state::networks::{Entry, Part};
+use crate::state::service_ips::{Holder, charged_to};
 
 /// The namespace and Service whose endpoints are the local API server's.
 const API_NAMESPACE: &str = "default";
@@ -56,6 +57,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         cfg.clone(),
         Part::Nodes,
         node,
+        None,
     );
     follow(
         sup,
@@ -64,6 +66,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         cfg.clone(),
         Part::ServiceCidrs,
         service_cidr,
+        None,
     );
     let api_slices = cfg
         .clone()
@@ -75,6 +78,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         api_slices,
         Part::ApiServer,
         api_server,
+        None,
     );
     follow(
         sup,
@@ -83,6 +87,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         cfg.clone(),
         Part::Services,
         service,
+        Some(charged_to as Charge<Service>),
     );
     follow(
         sup,
@@ -91,6 +96,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         cfg.clone(),
         Part::CalicoPools,
         calico_pool,
+        None,
     );
     follow(
         sup,
@@ -99,6 +105,7 @@ pub fn start(sup: &Supervisor, ctl: &Arc<Controller>, local: &Client, timeout: u
         cfg,
         Part::CiliumNodes,
         cilium_node,
+        None,
     );
 }
 
@@ -109,6 +116,7 @@ fn follow<K>(
     cfg: watcher::Config,
     part: Part,
     extract: fn(&K) -> Entry,
+    charge: Option<Charge<K>>,
 ) where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -118,6 +126,9 @@ fn follow<K>(
         let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
         let mut said_not_served = false;
         while let Some(event) = stream.next().await {
+            if let (Some(charge), Ok(event)) = (charge, &event) {
+                tally(&ctl, charge, event);
+            }
             let networks = &ctl.local().networks;
             let was_ready = networks.ready();
             let changed = match event {
@@ -162,6 +173,30 @@ fn follow<K>(
             }
         }
     });
+}
+
+/// Whom a local Service's ClusterIP is charged to (see `state::service_ips`).
+type Charge<K> = fn(&K, &crate::desired::Options) -> Option<Holder>;
+
+/// Keeps the tally of the ClusterIPs our Services hold; an address freed passes again the keys
+/// that waited for one.
+fn tally<K: Resource>(ctl: &Controller, charge: Charge<K>, event: &Event<K>) {
+    let ips = &ctl.local().service_ips;
+    let freed = match event {
+        Event::Init => {
+            ips.relist();
+            false
+        }
+        Event::InitApply(o) | Event::Apply(o) => ips.apply(key(o), charge(o, ctl.opts())),
+        Event::Delete(o) => ips.apply(key(o), None),
+        Event::InitDone => ips.listed(),
+    };
+    if freed {
+        let waiting = ips.waiting();
+        if !waiting.is_empty() {
+            ctl.enqueue(waiting);
+        }
+    }
 }
 
 /// A part some clusters do not serve at all (a CNI's own API).

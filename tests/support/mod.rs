@@ -91,6 +91,16 @@ pub async fn extra_cluster(name: &'static str, apiserver_args: &'static str) {
     .expect("bed task");
 }
 
+/// Brings up one extra cluster of the bed whose Service range is a /`prefix`
+/// (XCC_TESTBED_SERVICE_PREFIX, see testbed/bed); a no-op when it already runs with it.
+pub async fn narrow_cluster(name: &'static str, prefix: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        bed_cmd_env(&["up", name], &[("XCC_TESTBED_SERVICE_PREFIX", prefix)])
+    })
+    .await
+    .expect("bed task");
+}
+
 /// Runs testbed/bed like [`bed_cmd`]; what it said on standard error.
 pub fn bed_cmd_stderr(args: &[&str]) -> String {
     bed_output(args, &[]).1
