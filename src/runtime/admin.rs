@@ -272,6 +272,34 @@ mod tests {
         assert!(line.contains("--allow-tld-names"), "{line}");
     }
 
+    /// The body of /readyz for a daemon whose local state is `local`.
+    async fn readyz_body(local: LocalState) -> String {
+        let state = AdminState {
+            metrics: Arc::new(Metrics::new()),
+            remotes: Arc::new(Remotes::default()),
+            local: Arc::new(local),
+            mcs: None,
+        };
+        let resp = readyz(State(Arc::new(state))).await.into_response();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_says_when_no_local_pod_network_is_known() {
+        let none = readyz_body(LocalState::default().networks_listed()).await;
+        assert!(none.lines().any(|l| l == NO_POD_RANGE), "{none}");
+        let named = crate::state::Networks::new(vec![(
+            "10.210.0.0/16".parse().unwrap(),
+            crate::desired::addresses::Refusal::LocalPodNetwork,
+        )]);
+        let some = readyz_body(LocalState::new(named).networks_listed()).await;
+        assert!(some.contains("local networks: listed"), "{some}");
+        assert!(!some.contains(NO_POD_RANGE), "{some}");
+    }
+
     #[tokio::test]
     async fn readyz_repeats_remote_text_bounded_and_escaped() {
         let remotes = Arc::new(Remotes::default());
