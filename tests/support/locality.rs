@@ -196,6 +196,11 @@ pub fn names(pods: &BTreeMap<String, String>) -> BTreeSet<String> {
     pods.keys().cloned().collect()
 }
 
+/// The addresses of a name-to-IP map of pods.
+pub fn ips(pods: &BTreeMap<String, String>) -> BTreeSet<String> {
+    pods.values().cloned().collect()
+}
+
 /// Case 2 set up, its clients not yet started ([`Beside::clients`]). Fields drop in order:
 /// the daemon before the namespaces.
 pub struct Beside {
@@ -300,5 +305,133 @@ impl Beside {
         settled_on(&load, t0, names(&self.west_web), n).await;
         settled_on(&floor, t0, names(&self.floor_a), n).await;
         (load, floor)
+    }
+}
+
+/// When each Service's EndpointSlices of one namespace changed, as a watch in the test saw them
+/// (the kube-proxies see the same changes at about the same time): a timeline of the ready
+/// addresses of each Service, keyed by its `kubernetes.io/service-name` label, or, for an MCS
+/// import's slices, `import:` and their `multicluster.kubernetes.io/service-name` label. The
+/// watch stops when this is dropped.
+pub struct SliceClock {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Tick>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// One entry of a [`SliceClock`]: when, which Service, its ready addresses then.
+type Tick = (i64, String, BTreeSet<String>);
+
+impl Drop for SliceClock {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The key of a slice's Service in a [`SliceClock`] and the addresses of its ready endpoints
+/// (an endpoint whose readiness is unknown counts as ready, as the API says consumers should).
+fn slice_readiness(s: &EndpointSlice) -> Option<(String, BTreeSet<String>)> {
+    let labels = s.metadata.labels.as_ref()?;
+    let key = match labels.get("multicluster.kubernetes.io/service-name") {
+        Some(import) => format!("import:{import}"),
+        None => labels.get("kubernetes.io/service-name")?.clone(),
+    };
+    let ready = s
+        .endpoints
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .flat_map(|e| e.addresses.iter().cloned())
+        .collect();
+    Some((key, ready))
+}
+
+impl SliceClock {
+    /// Starts the watch of `ns`'s EndpointSlices and waits until its first list is in (whose
+    /// entries may bear the time a call made right after this returns reads: a Service's
+    /// entries are made only of a complete listing).
+    pub async fn start(c: &Client, ns: &str) -> SliceClock {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let api: Api<EndpointSlice> = Api::namespaced(c.clone(), ns);
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
+            // slice name -> (its Service's key, its ready addresses); a (re)listing fills
+            // `listing`, which replaces `slices` when complete: a timeline entry is never made
+            // of a listing's first part
+            let mut slices: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+            let mut listing = BTreeMap::new();
+            let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = stream.next().await {
+                let t = now_ms();
+                let changed: BTreeSet<String> = match event {
+                    Ok(Event::Apply(s)) => match slice_readiness(&s) {
+                        Some(r) => {
+                            let key = r.0.clone();
+                            let old = slices.insert(s.name_any(), r).map(|o| o.0);
+                            old.into_iter().chain([key]).collect()
+                        }
+                        None => BTreeSet::new(),
+                    },
+                    Ok(Event::Delete(s)) => slices
+                        .remove(&s.name_any())
+                        .map(|o| o.0)
+                        .into_iter()
+                        .collect(),
+                    Ok(Event::Init) => {
+                        listing.clear();
+                        BTreeSet::new()
+                    }
+                    Ok(Event::InitApply(s)) => {
+                        if let Some(r) = slice_readiness(&s) {
+                            listing.insert(s.name_any(), r);
+                        }
+                        BTreeSet::new()
+                    }
+                    Ok(Event::InitDone) => {
+                        let keys = slices.values().chain(listing.values());
+                        let keys = keys.map(|(k, _)| k.clone()).collect();
+                        slices = std::mem::take(&mut listing);
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        keys
+                    }
+                    Err(_) => BTreeSet::new(),
+                };
+                let mut seen = record.lock().expect("the slice clock's lock");
+                for key in changed {
+                    let ready = slices
+                        .values()
+                        .filter(|(k, _)| *k == key)
+                        .flat_map(|(_, r)| r.iter().cloned())
+                        .collect();
+                    seen.push((t, key, ready));
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(60), listed)
+            .await
+            .expect("the slice clock's first list within 60 s")
+            .expect("the slice clock's watch ended before its first list");
+        SliceClock { seen, task }
+    }
+
+    /// The first time at or after `from` that Service `key`'s slices held none of `addresses`
+    /// ready, waiting for it until `WAIT`.
+    pub async fn none_ready(&self, key: &str, addresses: &BTreeSet<String>, from: i64) -> i64 {
+        eventually(
+            &format!("{key}'s slices without a ready {addresses:?}"),
+            WAIT,
+            || async {
+                let seen = self.seen.lock().expect("the slice clock's lock");
+                seen.iter()
+                    .find(|(t, k, ready)| *t >= from && k == key && ready.is_disjoint(addresses))
+                    .map(|(t, ..)| *t)
+                    .ok_or_else(|| format!("{key}'s slices still hold one ready"))
+            },
+        )
+        .await
     }
 }
