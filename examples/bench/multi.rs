@@ -5,7 +5,10 @@
 //! - **spread**: R remotes exporting N distinct Services each (R x N followers);
 //! - **merged**: R remotes exporting the same N Services (N followers with R slices each);
 //! - **join/leave**: a remote's Secret applied to a running daemon, then deleted;
-//! - **lag**: endpoint changes spread round-robin over R remotes that export the same Services.
+//! - **lag**: endpoint changes spread round-robin over R remotes that export the same Services;
+//! - **fair**: an honest remote's endpoint changes timed while it is the only one changing, then
+//!   beside a churning remote that flips the readiness of every endpoint of its 10,000 Services
+//!   as fast as its API server takes it (issue 37, item 7).
 //!
 //! The floor of a convergence scenario is what the daemon has to write, written directly: a
 //! plain client creating the very objects the daemon writes (computed by the daemon's own pure
@@ -686,6 +689,148 @@ pub async fn lag_multi(
     })
 }
 
+#[derive(serde::Serialize)]
+pub struct Fair {
+    /// the churning remote's Services (3 endpoints each)
+    churn_services: usize,
+    /// the honest remote's Services
+    honest_services: usize,
+    /// the honest remote's changes timed while no other remote changes anything
+    quiet: Lag,
+    /// the same, while the churning remote flips its endpoints
+    churned: Lag,
+    /// changes seen later than 100 ms, quiet and churned
+    quiet_over_100ms: usize,
+    churned_over_100ms: usize,
+    /// the churning remote's slice writes per second meanwhile (what its API server took)
+    churn_writes_per_s: f64,
+    /// local Service and EndpointSlice writes per second while churned
+    local_writes_per_s: f64,
+    load_1m_before: f64,
+    load_1m_after: f64,
+}
+
+/// Flips the readiness of every endpoint of the churning remote's slices (`churn-<i>-abcde`),
+/// one slice after another, 32 writes in flight, until `stop`; returns the writes that landed.
+async fn flip_endpoints(
+    slices: Api<EndpointSlice>,
+    n: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> usize {
+    let landed = Arc::new(AtomicUsize::new(0));
+    let mut round = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        let flips = stream::iter(0..n)
+            .take_while(|_| std::future::ready(!stop.load(Ordering::SeqCst)))
+            .map(|i| {
+                let (slices, landed) = (slices.clone(), Arc::clone(&landed));
+                async move {
+                    let name = format!("churn-{i}-abcde");
+                    let Ok(mut cur) = slices.get(&name).await else {
+                        return;
+                    };
+                    for e in &mut cur.endpoints {
+                        let c = e.conditions.get_or_insert_with(Default::default);
+                        c.ready = Some(round % 2 == 1);
+                    }
+                    if slices
+                        .replace(&name, &PostParams::default(), &cur)
+                        .await
+                        .is_ok()
+                    {
+                        landed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+            .buffer_unordered(PARALLEL);
+        flips.collect::<Vec<()>>().await;
+        round += 1;
+    }
+    landed.load(Ordering::SeqCst)
+}
+
+/// The honest remote (north, `n` Services) timed quiet, then beside the churning one (east,
+/// `churn` Services, every endpoint flipped continuously): endpoint changes at `rate` a second
+/// for `secs` each time, a separate watcher on the local cluster timing each.
+pub async fn fair(
+    bin: &Path,
+    kc: &Path,
+    churn: usize,
+    n: usize,
+    rate: u32,
+    secs: u64,
+    tag: &str,
+) -> Res<Fair> {
+    let (west, remotes) = bed_with(kc, 2).await?;
+    let ns = format!("bench-fair-{tag}-{churn}");
+    namespaces(&west, &remotes, &ns).await?;
+    let (east, north) = (&remotes[0].1, &remotes[1].1);
+    let churner = Set {
+        prefix: "churn",
+        n: churn,
+        eps: 3,
+        leader: true,
+        seed: 0,
+        slices_each: 1,
+    };
+    let honest = Set {
+        prefix: "svc",
+        n,
+        eps: 3,
+        leader: true,
+        seed: churn,
+        slices_each: 1,
+    };
+    futures::future::try_join(
+        write_set(east, &ns, &churner),
+        write_set(north, &ns, &honest),
+    )
+    .await?;
+    for (name, _) in &remotes {
+        apply_secret(&west, &ns, kc, name).await?;
+    }
+    let proc = start_secrets_daemon(bin, kc, &ns, 30)?;
+    let sel = format!("{KEY}=follower");
+    let (mut svcs, mut slices) = (
+        counter::<Service>(&west, &ns, &sel),
+        counter::<EndpointSlice>(&west, &ns, &sel),
+    );
+    let all = churn + n;
+    reach(&mut svcs, all, &mut slices, all, Duration::from_secs(900)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let targets = [(Api::namespaced(north.clone(), &ns), churn)];
+    let load_before = load_1m();
+    let quiet = super::churn(&west, &ns, &sel, &targets, n, rate, secs).await?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipping = tokio::spawn(flip_endpoints(
+        Api::namespaced(east.clone(), &ns),
+        churn,
+        Arc::clone(&stop),
+    ));
+    // the churn has filled the daemon's queue before the first honest change is timed
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (writes_before, started) = (api_writes(&west).await?, Instant::now());
+    let churned = super::churn(&west, &ns, &sel, &targets, n, rate, secs).await?;
+    let local = (api_writes(&west).await? - writes_before) / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let flipped = flipping.await?;
+    let load_after = load_1m();
+    drop(proc);
+    let over = |l: &Lag| l.samples_ms.iter().filter(|v| **v > 100.0).count();
+    Ok(Fair {
+        churn_services: churn,
+        honest_services: n,
+        quiet_over_100ms: over(&quiet),
+        churned_over_100ms: over(&churned),
+        quiet,
+        churned,
+        churn_writes_per_s: flipped as f64 / (started.elapsed().as_secs_f64() + 10.0),
+        local_writes_per_s: local,
+        load_1m_before: load_before,
+        load_1m_after: load_after,
+    })
+}
+
 /// Results of one multi-remote run.
 #[derive(serde::Serialize)]
 pub struct Results {
@@ -693,6 +838,7 @@ pub struct Results {
     merged: Vec<Spread>,
     join_leave: Option<JoinLeave>,
     lag: Option<MultiLag>,
+    fair: Option<Fair>,
     whole_run_s: f64,
 }
 
@@ -800,6 +946,31 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             l.load_1m_after
         );
     }
+    if let Some(f) = &res.fair {
+        md += &format!(
+            "\n### Fairness: an honest remote beside a churning one\n\nOne daemon reading two remotes: east exports {} Services (3 endpoints each) and flips the readiness of every endpoint, slice after slice, 32 writes in flight, as fast as its API server takes it ({:.0} slice writes a second); north exports {} Services and changes an endpoint {} times a second for {} s, each change timed by a separate watcher on the local cluster until it is in a follower slice. The floor is the same north changes in the same run with east quiet.\n\n| north's changes | observed | p50 (ms) | p99 (ms) | max (ms) | later than 100 ms | local writes a second |\n|---|---:|---:|---:|---:|---:|---:|\n| east quiet (floor) | {} of {} | {:.1} | {:.1} | {:.1} | {} | |\n| east churning | {} of {} | {:.1} | {:.1} | {:.1} | {} | {:.0} |\n\nThe machine's 1-minute load average: {:.1} before, {:.1} after.\n",
+            f.churn_services,
+            f.churn_writes_per_s,
+            f.honest_services,
+            f.quiet.rate_per_s,
+            f.quiet.changes / f.quiet.rate_per_s.max(1) as usize,
+            f.quiet.observed,
+            f.quiet.changes,
+            f.quiet.p50_ms,
+            f.quiet.p99_ms,
+            f.quiet.max_ms,
+            f.quiet_over_100ms,
+            f.churned.observed,
+            f.churned.changes,
+            f.churned.p50_ms,
+            f.churned.p99_ms,
+            f.churned.max_ms,
+            f.churned_over_100ms,
+            f.local_writes_per_s,
+            f.load_1m_before,
+            f.load_1m_after
+        );
+    }
     md
 }
 
@@ -821,6 +992,7 @@ pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) ->
         merged: Vec::new(),
         join_leave: None,
         lag: None,
+        fair: None,
         whole_run_s: 0.0,
     };
     if runs("spread") {
@@ -855,6 +1027,26 @@ pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) ->
             l.load_1m_after
         );
         res.lag = Some(l);
+    }
+    if runs("fair") {
+        let f = fair(bin, kc, 10_000, 100, 10, 30, tag).await?;
+        eprintln!(
+            "  -> fair: quiet p50 {:.1} p99 {:.1} max {:.1} ms; beside the churn p50 {:.1} p99 {:.1} max {:.1} ms ({} of {} observed, {} over 100 ms); churn {:.0} writes/s, local {:.0} writes/s, load {:.1} -> {:.1}",
+            f.quiet.p50_ms,
+            f.quiet.p99_ms,
+            f.quiet.max_ms,
+            f.churned.p50_ms,
+            f.churned.p99_ms,
+            f.churned.max_ms,
+            f.churned.observed,
+            f.churned.changes,
+            f.churned_over_100ms,
+            f.churn_writes_per_s,
+            f.local_writes_per_s,
+            f.load_1m_before,
+            f.load_1m_after
+        );
+        res.fair = Some(f);
     }
     res.whole_run_s = started.elapsed().as_secs_f64();
     Ok(res)

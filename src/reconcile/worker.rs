@@ -160,7 +160,7 @@ impl Controller {
         let keys = self.keys_of(keys, Key::mcs);
         self.remember(cluster, &keys);
         for key in keys {
-            self.queue.add(key);
+            self.queue.add_in(cluster, key);
         }
     }
 
@@ -177,7 +177,7 @@ impl Controller {
         let keys = self.keys_of(keys, Key::follower);
         self.remember(remote, &keys);
         for key in keys {
-            self.queue.add(key);
+            self.queue.add_in(remote, key);
         }
     }
 

@@ -1,6 +1,14 @@
 //! A work queue of keys: a key waits at most once (bursts collapse into one pass), is never
 //! handed to two workers at once, and a key that changes while being processed runs again after.
 //!
+//! Fair between sources: each key is added in a *lane* (a remote's name: the cluster whose
+//! change queued it; [`OWN`] for the daemon's own work: full passes, local changes, retries),
+//! and the workers take the lanes' keys in turn, one from each lane with work. A remote that
+//! changes thousands of keys a second fills its own lane; another remote's change waits for
+//! at most one key of each busy lane, not for the whole backlog (issue 37, item 7). A key
+//! queued in two lanes (a merged follower that two remotes changed) waits in both and runs once,
+//! at the first of its turns.
+//!
 //! A key added after a delay (a retry's back-off) waits in the queue's own `DelayQueue`, not in
 //! a task of its own: one task ([`WorkQueue::delays`], supervised) moves each key into the queue
 //! when its delay has passed. A key waits there at most once, by the earliest of its delays.
@@ -17,17 +25,80 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+/// The lane of the daemon's own work (full passes, local changes, retries).
+pub const OWN: &str = "";
+
+/// One source's keys, in the order they were added. An entry whose key was taken through
+/// another lane stays here until its turn comes, and is passed over then.
+struct Lane<K> {
+    keys: VecDeque<K>,
+    members: HashSet<K>,
+}
+
 struct State<K> {
-    queue: VecDeque<K>,
+    /// each lane with keys in it
+    lanes: HashMap<Arc<str>, Lane<K>>,
+    /// the lanes with keys, in turn
+    turns: VecDeque<Arc<str>>,
+    /// the keys waiting (each in one lane at least)
     queued: HashSet<K>,
     processing: HashSet<K>,
-    /// changed while processing: re-queued when done
-    dirty: HashSet<K>,
+    /// changed while processing: re-queued when done, in the lane of the first change
+    dirty: HashMap<K, Arc<str>>,
     /// keys added after a delay, until it passes
     delayed: DelayQueue<K>,
     /// each delayed key's entry in `delayed`
     waiting: HashMap<K, delay_queue::Key>,
     closed: bool,
+}
+
+impl<K: Clone + Eq + Hash> State<K> {
+    /// Queues `key` in `lane` (not in process); true when it was not waiting before.
+    fn enter(&mut self, lane: &str, key: K) -> bool {
+        let fresh = self.queued.insert(key.clone());
+        let lane_keys = match self.lanes.get_mut(lane) {
+            Some(l) => l,
+            None => {
+                let name: Arc<str> = lane.into();
+                self.turns.push_back(name.clone());
+                self.lanes.entry(name).or_insert_with(|| Lane {
+                    keys: VecDeque::new(),
+                    members: HashSet::new(),
+                })
+            }
+        };
+        if lane_keys.members.insert(key.clone()) {
+            lane_keys.keys.push_back(key);
+        }
+        fresh
+    }
+
+    /// The first waiting key of the lane whose turn it is; that lane goes to the back of the
+    /// turns while it has keys. Entries of keys taken through another lane are passed over.
+    fn take(&mut self) -> Option<K> {
+        while let Some(name) = self.turns.pop_front() {
+            let Some(lane) = self.lanes.get_mut(&name) else {
+                continue;
+            };
+            let mut found = None;
+            while let Some(key) = lane.keys.pop_front() {
+                lane.members.remove(&key);
+                if self.queued.remove(&key) {
+                    found = Some(key);
+                    break;
+                }
+            }
+            if lane.keys.is_empty() {
+                self.lanes.remove(&name);
+            } else {
+                self.turns.push_back(name);
+            }
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
 }
 
 pub struct WorkQueue<K> {
@@ -39,10 +110,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
-                queue: VecDeque::new(),
+                lanes: HashMap::new(),
+                turns: VecDeque::new(),
                 queued: HashSet::new(),
                 processing: HashSet::new(),
-                dirty: HashSet::new(),
+                dirty: HashMap::new(),
                 delayed: DelayQueue::new(),
                 waiting: HashMap::new(),
                 closed: false,
@@ -56,17 +128,22 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.state.lock()
     }
 
+    /// Adds the key in the daemon's own lane ([`OWN`]).
     pub fn add(&self, key: K) {
+        self.add_in(OWN, key);
+    }
+
+    /// Adds the key in `lane`, the source whose change queued it (a remote's name).
+    pub fn add_in(&self, lane: &str, key: K) {
         let mut s = self.lock();
         if s.closed {
             return;
         }
         if s.processing.contains(&key) {
-            s.dirty.insert(key);
+            s.dirty.entry(key).or_insert_with(|| lane.into());
             return;
         }
-        if s.queued.insert(key.clone()) {
-            s.queue.push_back(key);
+        if s.enter(lane, key) {
             drop(s);
             self.notify.notify_one();
         }
@@ -117,16 +194,16 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.lock().waiting.len()
     }
 
-    /// The next key to process, or None once the queue is closed and drained.
+    /// The next key to process (the next lane's turn), or None once the queue is closed and
+    /// drained.
     pub async fn next(&self) -> Option<K> {
         loop {
             let notified = self.notify.notified();
             {
                 let mut s = self.lock();
-                if let Some(key) = s.queue.pop_front() {
-                    s.queued.remove(&key);
+                if let Some(key) = s.take() {
                     s.processing.insert(key.clone());
-                    if !s.queue.is_empty() {
+                    if !s.queued.is_empty() {
                         self.notify.notify_one();
                     }
                     return Some(key);
@@ -143,15 +220,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
-        if s.dirty.remove(key) && s.queued.insert(key.clone()) {
-            s.queue.push_back(key.clone());
+        if let Some(lane) = s.dirty.remove(key)
+            && s.enter(&lane, key.clone())
+        {
             drop(s);
             self.notify.notify_one();
         }
     }
 
+    /// Keys waiting for a worker.
     pub fn len(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().queued.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -249,6 +328,66 @@ mod tests {
         q.close();
         q.add_after("after close", Duration::from_secs(1));
         assert_eq!(q.delayed(), 0, "a closed queue takes nothing");
+    }
+
+    #[tokio::test]
+    async fn lanes_take_turns_so_a_busy_one_delays_another_by_one_key() {
+        let q = WorkQueue::new();
+        for i in 0..1000 {
+            q.add_in("churner", i);
+        }
+        q.add_in("honest", 5000);
+        q.add(6000);
+        assert_eq!(q.len(), 1002);
+        let first: Vec<_> = [q.next().await, q.next().await, q.next().await].into();
+        assert_eq!(
+            first,
+            [Some(0), Some(5000), Some(6000)],
+            "one key of each lane in turn"
+        );
+        assert_eq!(q.next().await, Some(1), "then the churner's backlog");
+        q.add_in("honest", 5001);
+        assert_eq!(q.next().await, Some(2), "the lane whose turn it was");
+        assert_eq!(
+            q.next().await,
+            Some(5001),
+            "then the new lane's, before the backlog"
+        );
+        assert_eq!(q.next().await, Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_key_in_two_lanes_runs_once_at_its_first_turn() {
+        let q = WorkQueue::new();
+        q.add_in("a", "x");
+        q.add_in("a", "merged");
+        q.add_in("b", "merged");
+        assert_eq!(q.len(), 2, "waits once");
+        assert_eq!(q.next().await, Some("x"));
+        assert_eq!(q.next().await, Some("merged"), "b's turn");
+        assert_eq!(q.len(), 0);
+        q.done(&"merged");
+        q.add_in("a", "y");
+        assert_eq!(
+            q.next().await,
+            Some("y"),
+            "a's old entry of merged is passed over"
+        );
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_changed_while_in_process_comes_back_in_its_lane() {
+        let q = WorkQueue::new();
+        q.add_in("a", 1);
+        assert_eq!(q.next().await, Some(1));
+        q.add_in("b", 1);
+        for i in 10..13 {
+            q.add_in("a", i);
+        }
+        q.done(&1);
+        assert_eq!(q.next().await, Some(10));
+        assert_eq!(q.next().await, Some(1), "b's turn, not after a's backlog");
     }
 
     #[tokio::test]
