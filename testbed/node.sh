@@ -387,7 +387,7 @@ wait_node_ready() {
       [ "$st" = True ] && return 0
     fi
     for part in containerd kubelet proxy; do
-      part_running "$c" "$(part_of_node $part "$i")" && continue
+      part_alive "$c" "$(part_of_node $part "$i")" && continue
       echo "testbed: $part of node $n of '$c' exited; last lines of $nd/$part.log:" >&2
       tail -n 20 "$nd/$part.log" >&2
       exit 1
