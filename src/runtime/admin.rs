@@ -105,69 +105,97 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// What `/readyz` says: a line per part, and whether every part that decides readiness is
+/// ready.
+#[derive(Default)]
+struct Readiness {
+    lines: Vec<String>,
+    ready: bool,
+}
+
+impl Readiness {
+    /// A line that says how a part is, not whether the daemon is ready.
+    fn say(&mut self, line: String) {
+        self.lines.push(line);
+    }
+
+    /// A line of a part that is not ready: neither is the daemon.
+    fn not_ready(&mut self, line: String) {
+        self.ready = false;
+        self.lines.push(line);
+    }
+}
+
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
-    let mut lines = Vec::new();
-    let mut ready = true;
-    for r in s.remotes.states() {
-        match r.problem() {
-            None => lines.push(format!("remote {}: synced", detail(&r.name))),
-            Some(why) => {
-                ready = false;
-                let (name, why) = (detail(&r.name), detail(&why));
-                lines.push(format!("remote {name}: not ready: {why}"));
-            }
-        }
-        if let Some(line) = write_limited_line(&r) {
-            lines.push(line);
-        }
-    }
-    for r in s.remotes.states() {
-        if let Some(line) = refused_names_line(&r.name, &r.refused_names()) {
-            lines.push(line);
-        }
-    }
-    for (source, why) in s.remotes.problems() {
-        ready = false;
-        lines.push(format!("{}: {}", detail(&source), detail(&why)));
-    }
-    match s.local.networks.problem() {
-        None => {
-            let current = s.local.networks.current();
-            let (addresses, nets) = current.size();
-            lines.push(format!(
-                "local networks: listed ({addresses} addresses, {nets} networks no remote may claim)"
-            ));
-            // not a reason to stop (a cluster may run pods on its nodes' network only), but a
-            // remote may then name a local pod's address: say how to close it
-            if current.pod_ranges() == 0 {
-                lines.push(NO_POD_RANGE.into());
-            }
-        }
-        Some(why) => lines.push(format!("local networks: not listed: {}", detail(&why))),
-    }
-    lines.extend(service_ip_lines(&s.local));
+    let mut r = Readiness {
+        ready: true,
+        ..Default::default()
+    };
+    remote_lines(&s, &mut r);
+    local_network_lines(&s.local, &mut r);
+    r.lines.extend(service_ip_lines(&s.local));
     // the networks have their own line above: this one says only what it names
-    ready &= s.local.ready();
+    r.ready &= s.local.ready();
     let ok = s.local.followers_ready();
-    lines.push(format!(
+    r.say(format!(
         "local followers: {}",
         if ok { "synced" } else { "not synced" }
     ));
     if let Some(mcs) = &s.mcs {
         match mcs.problem() {
-            None => lines.push("local MCS: synced".into()),
-            Some(why) => {
-                ready = false;
-                lines.push(format!("local MCS: not ready: {}", detail(&why)));
-            }
+            None => r.say("local MCS: synced".into()),
+            Some(why) => r.not_ready(format!("local MCS: not ready: {}", detail(&why))),
         }
     }
-    let code = if ready {
+    let code = if r.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (code, lines.join("\n") + "\n")
+    (code, r.lines.join("\n") + "\n")
+}
+
+/// Each remote's line (synced, or why not), its followers held at a write limit, the names it
+/// exports that no follower may take, and the remote sources' problems.
+fn remote_lines(s: &AdminState, r: &mut Readiness) {
+    for remote in s.remotes.states() {
+        let name = detail(&remote.name);
+        match remote.problem() {
+            None => r.say(format!("remote {name}: synced")),
+            Some(why) => r.not_ready(format!("remote {name}: not ready: {}", detail(&why))),
+        }
+        if let Some(line) = write_limited_line(&remote) {
+            r.say(line);
+        }
+    }
+    for remote in s.remotes.states() {
+        if let Some(line) = refused_names_line(&remote.name, &remote.refused_names()) {
+            r.say(line);
+        }
+    }
+    for (source, why) in s.remotes.problems() {
+        r.not_ready(format!("{}: {}", detail(&source), detail(&why)));
+    }
+}
+
+/// The local networks no remote may claim: listed (and whether a pod network is among them),
+/// or why not. Not a reason to stop either way: readiness rests on the local caches.
+fn local_network_lines(local: &LocalState, r: &mut Readiness) {
+    match local.networks.problem() {
+        None => {
+            let current = local.networks.current();
+            let (addresses, nets) = current.size();
+            r.say(format!(
+                "local networks: listed ({addresses} addresses, {nets} networks no remote may claim)"
+            ));
+            // a cluster may run pods on its nodes' network only, but a remote may then name a
+            // local pod's address: say how to close it
+            if current.pod_ranges() == 0 {
+                r.say(NO_POD_RANGE.into());
+            }
+        }
+        Some(why) => r.say(format!("local networks: not listed: {}", detail(&why))),
+    }
 }
 
 /// The names a remote exports that no follower may take (a refusal, not a failure: readiness
