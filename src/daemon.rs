@@ -64,6 +64,7 @@ pub async fn run(config: Config) -> Result<()> {
             namespaces: config.reconcile.namespaces.clone(),
             timeout,
             stop: sup.child_token(),
+            guard: None,
         };
         crate::watch::mcs::source(&sup, &ctl, source);
         crate::watch::mcs::destination(&sup, &ctl, local, mcs, timeout);

@@ -21,6 +21,7 @@ use serde_json::json;
 use support::daemon::{Daemon, args_for, with_args};
 use support::fault::{routed_kubeconfig, upstream};
 use support::mcs::{crds, export, import_listing, service, unexport};
+use support::metrics::series_value;
 use support::proxy::{Fault, Proxy};
 use support::{LOCAL, REMOTE, client, eventually, namespace};
 use tokio::sync::Mutex;
@@ -1125,5 +1126,78 @@ async fn a_newcomer_older_by_its_timestamp_does_not_take_the_imports_properties(
         },
         &Lost::nothing_to_lose(),
         &before.non_followers_touched(&after),
+    );
+}
+
+#[tokio::test]
+async fn a_remote_over_its_budget_through_its_exports_is_degraded_its_imports_kept() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    crds().await;
+    let ns = namespace("mcs-budget").await;
+    let (east, west) = (client(REMOTE).await, client(LOCAL).await);
+    for i in 0..3 {
+        let name = format!("web-{i}");
+        service(
+            &east,
+            &ns.name,
+            &name,
+            80,
+            &[&format!("10.201.3.{}", i + 1)],
+        )
+        .await;
+        export(&east, &ns.name, &name).await;
+    }
+    // east's budget: 3 exported Services; its exports count as its labelled Services do
+    let d = daemon(&ns.name, &["--remote-max-services", "3"]).await;
+    for i in 0..3 {
+        let (name, ip) = (format!("web-{i}"), format!("10.201.3.{}", i + 1));
+        import_listing(&west, &ns.name, &name, &[REMOTE]).await;
+        slices_are(&west, &ns.name, &name, &[(REMOTE, &[&ip])]).await;
+    }
+    let before = versions(&west, &ns.name).await;
+
+    // two exports more: east is over its budget through the MCS API alone
+    for i in 3..5 {
+        let name = format!("web-{i}");
+        service(
+            &east,
+            &ns.name,
+            &name,
+            80,
+            &[&format!("10.201.3.{}", i + 1)],
+        )
+        .await;
+        export(&east, &ns.name, &name).await;
+    }
+    eventually(
+        "east degraded on /readyz and in the metric",
+        WAIT,
+        || async {
+            let (code, body) = d.readyz()?;
+            let line = (body.lines())
+                .find(|l| l.starts_with(&format!("remote {REMOTE}:")))
+                .unwrap_or_default();
+            if code != 503 || !line.contains("over budget (more than 3 exported Services)") {
+                return Err(format!("/readyz {code}:\n{body}"));
+            }
+            let metrics = d.try_metrics()?;
+            match series_value(&metrics, "xcc_remote_over_budget", &[("remote", REMOTE)])? {
+                1.0 => Ok(()),
+                v => Err(format!("xcc_remote_over_budget{{remote={REMOTE}}} {v}")),
+            }
+        },
+    )
+    .await;
+    // degraded, east proves nothing: what it gave is held as it was, nothing more is imported
+    let imports: Api<ServiceImport> = Api::namespaced(west.clone(), &ns.name);
+    for i in 3..5 {
+        let name = format!("web-{i}");
+        let got = imports.get_opt(&name).await.expect("get an import");
+        assert!(got.is_none(), "{name}, beyond east's budget, was imported");
+    }
+    assert_eq!(
+        versions(&west, &ns.name).await,
+        before,
+        "the imports, derived Services and slices of a degraded remote are kept as they were"
     );
 }

@@ -73,6 +73,7 @@ pub fn join(
             namespaces: settings.namespaces.clone(),
             timeout: settings.watch_timeout(),
             stop: member.cancel.clone(),
+            guard: Some(Arc::clone(&member.state) as Arc<dyn crate::watch::Guard>),
         };
         crate::watch::mcs::source(sup, ctl, source);
     }

@@ -95,6 +95,35 @@ pub enum McsView {
 }
 
 impl McsCluster {
+    /// What its MCS caches hold: each export counts as an exported Service (it costs the local
+    /// cluster an import and a derived Service), the Services and slices of the namespaces it
+    /// exports in as their endpoints and bytes. A remote's budget counts it beside its
+    /// labelled Services ([`super::RemoteState::usage`]).
+    pub fn usage(&self) -> super::budget::Usage {
+        let exports = self.exports.read().held();
+        let mut u = super::budget::Usage {
+            services: exports.objects as u64,
+            endpoints: 0,
+            bytes: exports.bytes as u64,
+        };
+        for n in self.namespaces.read().values() {
+            let (svcs, slices) = (n.services.read().held(), n.slices.read().held());
+            u.endpoints += slices.weight as u64;
+            u.bytes += (svcs.bytes + slices.bytes) as u64;
+        }
+        u
+    }
+
+    /// Drops every MCS cache of it (its remote went over budget): it proves nothing until its
+    /// watches list again.
+    pub fn evict(&self, why: &str) {
+        self.exports.write().evict(why.to_string());
+        for n in self.namespaces.read().values() {
+            n.services.write().evict(why.to_string());
+            n.slices.write().evict(why.to_string());
+        }
+    }
+
     pub fn new(identity: Identity, label: &str, fallback: &str) -> Self {
         Self {
             label: label.into(),

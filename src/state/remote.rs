@@ -115,7 +115,8 @@ impl RemoteState {
         self
     }
 
-    /// What its caches hold now.
+    /// What its caches hold now: its labelled Services and their slices, and with the MCS API
+    /// its exports and the Services and slices they name.
     pub fn usage(&self) -> Usage {
         let of = |h: Held| Usage {
             services: 0,
@@ -129,7 +130,8 @@ impl RemoteState {
             services: services.objects as u64,
             ..of(services)
         };
-        services + of(slices) + of(foreign)
+        let mcs = self.mcs.as_ref().map(|c| c.usage()).unwrap_or_default();
+        services + of(slices) + of(foreign) + mcs
     }
 
     /// Judges its caches against its budget after a watch event; `seen` is the budget's epoch
@@ -147,6 +149,9 @@ impl RemoteState {
                 self.services.write().evict(why.clone());
                 self.slices.write().evict(why.clone());
                 self.foreign_slices.write().evict(why.clone());
+                if let Some(c) = &self.mcs {
+                    c.evict(&why);
+                }
                 Err(why)
             }
         }

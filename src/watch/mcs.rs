@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{spawn, spawn_listed, spec};
+use super::{spawn, spawn_guarded, spec};
 use crate::desired::mcs::{self, CLUSTER_ID_PROPERTY, ClusterProperty, ServiceExport};
 use crate::error::{Error, Result};
 use crate::reconcile::worker::Controller;
@@ -30,6 +30,9 @@ pub struct Source {
     pub namespaces: Vec<String>,
     pub timeout: u32,
     pub stop: CancellationToken,
+    /// a remote's budget, which its MCS watches keep to as its other watches do (None: the
+    /// local cluster)
+    pub guard: Option<Arc<dyn super::Guard>>,
 }
 
 /// The preflight of `--mcs`, before any MCS watch starts: the local cluster serves the MCS API
@@ -96,7 +99,17 @@ pub fn source(sup: &Supervisor, ctl: &Arc<Controller>, src: Source) {
         let ctl = Arc::clone(ctl);
         Box::new(move || ctl.enqueue_imports())
     };
-    spawn_listed(sup, m, &src.stop, exports, into, on_change, Some(on_listed));
+    let guard = src.guard.clone();
+    spawn_guarded(
+        sup,
+        m,
+        &src.stop,
+        exports,
+        into,
+        on_change,
+        Some(on_listed),
+        guard,
+    );
     property(sup, ctl, &src);
 }
 
@@ -152,10 +165,29 @@ fn watch_namespace(sup: &Supervisor, ctl: &Arc<Controller>, src: &Arc<Source>, n
     let sel = mcs::source_selector();
     let services = spec::<Service>(c, &scope, t, sel.clone(), &label, what("Services"));
     let into: super::Target<McsNamespace, Service> = (Arc::clone(&n), |n| &n.services);
-    spawn_listed(sup, m, &n.cancel, services, into, on_change(), on_listed());
+    let guard = || src.guard.clone();
+    spawn_guarded(
+        sup,
+        m,
+        &n.cancel,
+        services,
+        into,
+        on_change(),
+        on_listed(),
+        guard(),
+    );
     let slices = spec::<EndpointSlice>(c, &scope, t, sel, &label, what("EndpointSlices"));
     let into: super::Target<McsNamespace, EndpointSlice> = (Arc::clone(&n), |n| &n.slices);
-    spawn_listed(sup, m, &n.cancel, slices, into, on_change(), on_listed());
+    spawn_guarded(
+        sup,
+        m,
+        &n.cancel,
+        slices,
+        into,
+        on_change(),
+        on_listed(),
+        guard(),
+    );
 }
 
 /// Follows the cluster's ClusterProperty `cluster.clusterset.k8s.io`: a change of the name it
