@@ -165,7 +165,7 @@ fn assert_in_bed_netns(netns: &Path) {
     assert!(
         ns(Path::new("/proc/self/ns/net")) == ns(netns),
         "the tests run inside the test bed's network namespace {}: \
-         `bash testbed/bed exec cargo test ...` (scripts/test does so)",
+         `bash testbed/bed exec cargo test --features e2e ...` (scripts/test does so)",
         netns.display()
     );
 }
