@@ -285,6 +285,33 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
         Tally::of(&recs, t0, cut),
         Tally::of(&recs, cut, cut + AFTER_MS),
     );
+    // where a request that failed after the cut-off went: its time, and the flows west's nodes
+    // still track towards north or leave unanswered by east (a SYN of a post-cut request sent to
+    // north would show as a flow whose remaining timeout is under 120 s by less than the time
+    // since the cut-off)
+    let failed_after = |recs: &[traffic::Rec], who: &str| -> Vec<String> {
+        (recs.iter())
+            .filter(|r| r.sent >= cut && r.sent < cut + AFTER_MS && !r.ok)
+            .map(|r| {
+                let after = r.sent - cut;
+                format!(
+                    "{who} #{} sent {after} ms after the cut-off, {} ms: {}",
+                    r.seq, r.took, r.why
+                )
+            })
+            .collect()
+    };
+    let mut failed = failed_after(&load.records_past(cut + AFTER_MS).await, "follower");
+    failed.extend(failed_after(&recs, "import"));
+    let north_flows = traffic::flows_to(&bed_dir, WEST, &north_ips);
+    let freshest = (north_flows.iter())
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u32>().ok())
+        .max();
+    let east_ips: BTreeSet<String> = east_pods.values().cloned().collect();
+    let east_unanswered: Vec<String> = (traffic::flows_to(&bed_dir, WEST, &east_ips).into_iter())
+        .filter(|l| l.contains("UNREPLIED"))
+        .collect();
+    let flows_at = now_ms() - cut;
     let during = snapshot(&west, &[&ns.name]).await;
     let marked = published(&west, &ns.name, FOLLOWER, &north_ips).await;
     let mcs_marked = published(&west, &ns.name, IMPORT, &north_ips).await;
@@ -387,7 +414,9 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     for (what, t) in [("follower", &late), ("import", &mcs_late)] {
         assert!(
             t.sent > 0 && t.failed == 0,
-            "{what}, after the cut-off: {note}"
+            "{what}, after the cut-off: {note}\nthe failures after it: {failed:#?}\n{} flows west's nodes track towards north {} ms after the cut-off, the freshest with {freshest:?} s of its 120 left; unanswered by east: {east_unanswered:#?}",
+            north_flows.len(),
+            flows_at
         );
         assert_eq!(
             t.by_cluster.keys().collect::<Vec<_>>(),

@@ -441,6 +441,43 @@ pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String>
         .collect()
 }
 
+/// The TCP flows the nodes of `cluster` track (conntrack, in each node's network namespace,
+/// where kube-proxy's DNAT happens) whose answer is due from one of `ips`: `conntrack -L`'s
+/// lines, for a failure message to say where the failed requests went.
+pub fn flows_to(bed_dir: &Path, cluster: &str, ips: &BTreeSet<String>) -> Vec<String> {
+    let dir = bed_dir.join(cluster);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return vec![format!("{}: unreadable", dir.display())];
+    };
+    let mut nodes: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+        .map(|e| e.path().join("netns"))
+        .filter(|p| p.exists())
+        .collect();
+    nodes.sort();
+    let mut out = Vec::new();
+    for netns in nodes {
+        let listed = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["conntrack", "-L", "-p", "tcp"])
+            .output();
+        match listed {
+            Ok(o) => out.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| {
+                        let reply = l.split("src=").nth(2).unwrap_or_default();
+                        ips.iter().any(|ip| reply.starts_with(&format!("{ip} ")))
+                    })
+                    .map(|l| format!("{}: {l}", netns.display())),
+            ),
+            Err(e) => out.push(format!("nsenter conntrack: {e}")),
+        }
+    }
+    out
+}
+
 /// Waits until the kube-proxy of every node of `cluster` sends traffic to none of `ips`
 /// (`gone`) or to every one of them (not `gone`): the unix ms at which that was seen.
 pub async fn proxy_targets(
