@@ -122,17 +122,7 @@ fn slice_ready(s: &EndpointSlice, ip: &str) -> bool {
 
 /// The network namespaces of `cluster`'s nodes (testbed/net.sh).
 fn node_netns(bed_dir: &Path, cluster: &str) -> Vec<PathBuf> {
-    let dir = bed_dir.join(cluster);
-    let mut nodes: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
-        .map(|e| e.path().join("netns"))
-        .filter(|p| p.exists())
-        .collect();
-    nodes.sort();
-    assert!(!nodes.is_empty(), "{cluster} has no node");
-    nodes
+    support::traffic::node_netns(bed_dir, cluster).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Reads one node's kube-proxy table every POLL until `stop`, feeding `signal` with whether it

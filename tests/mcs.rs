@@ -1129,24 +1129,22 @@ async fn a_newcomer_older_by_its_timestamp_does_not_take_the_imports_properties(
     );
 }
 
+/// Services `web-<i>` for each i of `range`, each with one address (10.201.3.<i+1>), exported.
+async fn export_webs(c: &Client, ns: &str, range: std::ops::Range<usize>) {
+    for i in range {
+        let name = format!("web-{i}");
+        service(c, ns, &name, 80, &[&format!("10.201.3.{}", i + 1)]).await;
+        export(c, ns, &name).await;
+    }
+}
+
 #[tokio::test]
 async fn a_remote_over_its_budget_through_its_exports_is_degraded_its_imports_kept() {
     let _turn = ONE_AT_A_TIME.lock().await;
     crds().await;
     let ns = namespace("mcs-budget").await;
     let (east, west) = (client(REMOTE).await, client(LOCAL).await);
-    for i in 0..3 {
-        let name = format!("web-{i}");
-        service(
-            &east,
-            &ns.name,
-            &name,
-            80,
-            &[&format!("10.201.3.{}", i + 1)],
-        )
-        .await;
-        export(&east, &ns.name, &name).await;
-    }
+    export_webs(&east, &ns.name, 0..3).await;
     // east's budget: 3 exported Services; its exports count as its labelled Services do
     let d = daemon(&ns.name, &["--remote-max-services", "3"]).await;
     for i in 0..3 {
@@ -1157,18 +1155,7 @@ async fn a_remote_over_its_budget_through_its_exports_is_degraded_its_imports_ke
     let before = versions(&west, &ns.name).await;
 
     // two exports more: east is over its budget through the MCS API alone
-    for i in 3..5 {
-        let name = format!("web-{i}");
-        service(
-            &east,
-            &ns.name,
-            &name,
-            80,
-            &[&format!("10.201.3.{}", i + 1)],
-        )
-        .await;
-        export(&east, &ns.name, &name).await;
-    }
+    export_webs(&east, &ns.name, 3..5).await;
     eventually(
         "east degraded on /readyz and in the metric",
         WAIT,

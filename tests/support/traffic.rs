@@ -409,9 +409,9 @@ pub async fn settled_pods_within(
     .await
 }
 
-/// The rulesets of the kube-proxies of every node of `cluster`: their nftables tables, read in
-/// each node's network namespace (testbed/net.sh) where the bed keeps them.
-pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String> {
+/// The network namespaces of `cluster`'s nodes (testbed/net.sh), in order; Err when it has
+/// none or its directory cannot be read.
+pub fn node_netns(bed_dir: &Path, cluster: &str) -> Result<Vec<std::path::PathBuf>, String> {
     let dir = bed_dir.join(cluster);
     let mut nodes: Vec<_> = std::fs::read_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -424,6 +424,13 @@ pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String>
     if nodes.is_empty() {
         return Err(format!("{cluster} has no node"));
     }
+    Ok(nodes)
+}
+
+/// The rulesets of the kube-proxies of every node of `cluster`: their nftables tables, read in
+/// each node's network namespace (testbed/net.sh) where the bed keeps them.
+pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String> {
+    let nodes = node_netns(bed_dir, cluster)?;
     nodes
         .iter()
         .map(|netns| {
@@ -445,17 +452,10 @@ pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String>
 /// where kube-proxy's DNAT happens) whose answer is due from one of `ips`: `conntrack -L`'s
 /// lines, for a failure message to say where the failed requests went.
 pub fn flows_to(bed_dir: &Path, cluster: &str, ips: &BTreeSet<String>) -> Vec<String> {
-    let dir = bed_dir.join(cluster);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return vec![format!("{}: unreadable", dir.display())];
+    let nodes = match node_netns(bed_dir, cluster) {
+        Ok(n) => n,
+        Err(e) => return vec![e],
     };
-    let mut nodes: Vec<_> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
-        .map(|e| e.path().join("netns"))
-        .filter(|p| p.exists())
-        .collect();
-    nodes.sort();
     let mut out = Vec::new();
     for netns in nodes {
         let listed = std::process::Command::new("nsenter")
