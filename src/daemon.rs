@@ -2,8 +2,9 @@
 //! who writes; the sweeper, the remotes' tasks and the admin server sit beside them. Every task
 //! runs under the supervisor: one that ends early shuts the process down with an error.
 //! SIGTERM/SIGINT drain it all.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -49,8 +50,12 @@ pub async fn run(config: Config) -> Result<()> {
     log_start(&config, &clients, &listener);
     let (local, dry_run) = (&clients.local, config.reconcile.dry_run);
     let lease = config.lease.clone();
-    let (leader, lease_task) = lease::elect_or_assume(&sup, local, lease, dry_run, &metrics);
+    let noted = Arc::new(OnceLock::new());
+    let notes = lease_notes(Arc::clone(&noted));
+    let (leader, lease_task) = lease::elect_or_assume(&sup, local, lease, dry_run, &metrics, notes);
     let ctx = Arc::new(Ctx::new(config.reconcile.clone(), local, &leader, &metrics));
+    // the Lease's notes read the context from here on (before it exists, they say nothing)
+    let _ = noted.set(Arc::clone(&ctx));
     let queue = WorkQueue::new();
     let ctl = Arc::new(worker::Controller::new(ctx.clone(), queue.clone(), leader));
     let timeout = config.remotes.watch_timeout();
@@ -143,6 +148,20 @@ fn remote_tasks(
     );
     sup.spawn_until_shutdown("remote token renewal", renewer.run());
     gauges::publish(ctl);
+}
+
+/// What the leader says on its Lease for `status`: how many local pod networks it knows, once the
+/// local networks are listed (none known: a remote may name a local pod's address).
+fn lease_notes(ctx: Arc<OnceLock<Arc<Ctx>>>) -> lease::Notes {
+    Arc::new(move || {
+        let Some(ctx) = ctx.get() else {
+            return BTreeMap::new();
+        };
+        let networks = &ctx.local.networks;
+        let known =
+            (networks.problem().is_none()).then(|| networks.current().pod_ranges().to_string());
+        BTreeMap::from([(ctx.opts.annotation(admin::POD_NETWORKS_NOTE), known)])
+    })
 }
 
 fn log_start(config: &Config, clients: &Clients, listener: &tokio::net::TcpListener) {

@@ -113,6 +113,13 @@ async fn health_leases_and_status_follow_each_remote_up_down_back_and_removed() 
         healthy["leader"]["fresh"], true,
         "the election Lease's holder is named: {healthy}"
     );
+    // west is API-only: no node, no CNI, so no local pod network is known, and the leader says
+    // so on its Lease for status (a warning: the exit code above is 0)
+    let said = status_until(&ns.name, "status: no local pod network known", 0, |r| {
+        r["leader"]["local_pod_networks"] == 0
+    })
+    .await;
+    assert_eq!(said["healthy"], true, "{said}");
     let lc = client(LOCAL).await;
     let before = snapshot(&lc, &[&ns.name]).await;
 

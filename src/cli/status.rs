@@ -107,6 +107,8 @@ pub struct Leader {
     pub identity: String,
     pub renewed_seconds_ago: Option<i64>,
     pub fresh: bool,
+    /// how many local pod networks the leader knows (its Lease says; none: not said yet)
+    pub local_pod_networks: Option<u64>,
 }
 
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -172,7 +174,7 @@ pub fn report(inputs: &Inputs, opts: &Options, now: Timestamp) -> Report {
     let mut remotes = from_health_leases(&inputs.health, opts, now);
     let unknown = count_followers(&mut remotes, inputs, opts);
     count_events(&mut remotes, &inputs.events);
-    let leader = inputs.election.as_ref().map(|l| leader_of(l, now));
+    let leader = inputs.election.as_ref().map(|l| leader_of(l, opts, now));
     let remotes: Vec<RemoteStatus> = remotes.into_values().collect();
     let healthy = leader.as_ref().is_some_and(|l| l.fresh)
         && remotes
@@ -359,14 +361,18 @@ fn count_events(remotes: &mut BTreeMap<String, RemoteStatus>, events: &[Event]) 
     }
 }
 
-/// The election Lease's holder, and whether it is fresh.
-fn leader_of(l: &Lease, now: Timestamp) -> Leader {
+/// The election Lease's holder, whether it is fresh, and what it says of the local networks.
+fn leader_of(l: &Lease, opts: &Options, now: Timestamp) -> Leader {
     let (renewed, fresh) = lease_fresh(l, now);
     let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    let note = opts.annotation(crate::runtime::admin::POD_NETWORKS_NOTE);
     Leader {
         fresh: fresh && holder.as_deref().is_some_and(|h| !h.is_empty()),
         identity: holder.unwrap_or_default(),
         renewed_seconds_ago: renewed,
+        local_pod_networks: (l.metadata.annotations.as_ref())
+            .and_then(|a| a.get(&note))
+            .and_then(|n| n.parse().ok()),
     }
 }
 
@@ -395,6 +401,13 @@ pub fn table(r: &Report, now: Timestamp) -> String {
             age(l.renewed_seconds_ago)
         )),
         None => out.push_str("LEADER   none (no election Lease: is the daemon running here?)\n"),
+    }
+    if let Some(l) = &r.leader
+        && l.fresh
+        && l.local_pod_networks == Some(0)
+    {
+        out.push_str(crate::runtime::admin::NO_POD_RANGE);
+        out.push('\n');
     }
     let header = [
         "REMOTE",
@@ -839,6 +852,45 @@ mod tests {
         assert_eq!(exit_code(&cut), 1);
         let t = table(&cut, now());
         assert!(t.contains("DATA PATH") && t.contains("cut off"), "{t}");
+    }
+
+    #[test]
+    fn a_leader_that_knows_no_local_pod_network_is_said_and_stays_healthy() {
+        let with = |note: Option<&str>, renewed: &str| {
+            let mut e = election(renewed);
+            if let Some(n) = note {
+                e.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert("fair.com/cross-cluster-local-pod-networks".into(), n.into());
+            }
+            Inputs {
+                health: vec![],
+                election: Some(e),
+                services: vec![],
+                slices: vec![],
+                events: vec![],
+                imports: vec![],
+            }
+        };
+        let none = report(&with(Some("0"), "2026-01-01T00:09:58Z"), &opts(), now());
+        assert_eq!(none.leader.as_ref().unwrap().local_pod_networks, Some(0));
+        assert!(none.healthy, "a warning, not a failure: {none:?}");
+        let t = table(&none, now());
+        assert!(
+            t.lines().any(|l| l == crate::runtime::admin::NO_POD_RANGE),
+            "{t}"
+        );
+        for (note, renewed) in [
+            (Some("2"), "2026-01-01T00:09:58Z"),
+            (None, "2026-01-01T00:09:58Z"),
+            (Some("not a number"), "2026-01-01T00:09:58Z"),
+            // a stale holder's word is not the leader's view
+            (Some("0"), "2026-01-01T00:00:00Z"),
+        ] {
+            let t = table(&report(&with(note, renewed), &opts(), now()), now());
+            assert!(!t.contains("local pod networks"), "{note:?} {renewed}: {t}");
+        }
     }
 
     #[test]

@@ -59,7 +59,10 @@ fn is_invisible(c: char) -> bool {
         | '\u{e0000}'..='\u{e007f}')
 }
 
-/// The /readyz line of a daemon that knows no local pod network.
+/// The election Lease's annotation (after the label key's prefix) in which the leader says how
+/// many local pod networks it knows, for `status` to say [`NO_POD_RANGE`] too.
+pub const POD_NETWORKS_NOTE: &str = "local-pod-networks";
+/// The /readyz (and `status`) line of a daemon that knows no local pod network.
 pub const NO_POD_RANGE: &str = "local pod networks: none known (no node has spec.podCIDRs, no Calico IPPool or CiliumNode names one): a remote may name a local pod's address; name them with --local-pod-cidrs";
 
 /// The /readyz line of a remote whose followers are held at a write limit (issue 37): how many,

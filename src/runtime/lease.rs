@@ -9,6 +9,8 @@
 //! stuck, or the API server stopped answering) or the task has ended for any reason (a panic
 //! drops the sender), this replica is not the leader and every write is refused, before any
 //! other replica may take over.
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -41,9 +43,19 @@ impl LeaseConfig {
     }
 }
 
+/// What the holder says on the Lease beside the election, for `status` to read: annotations set
+/// (`Some`) or removed (`None`) on every round it writes anyway (no write of its own).
+pub type Notes = Arc<dyn Fn() -> BTreeMap<String, Option<String>> + Send + Sync>;
+
+/// No notes: the Lease carries the election only.
+pub fn no_notes() -> Notes {
+    Arc::new(BTreeMap::new)
+}
+
 struct Elector {
     api: Api<Lease>,
     cfg: LeaseConfig,
+    notes: Notes,
     /// (holder, renewTime, resourceVersion) last seen, and when it was first seen
     observed: Option<(String, Instant)>,
 }
@@ -57,11 +69,29 @@ impl Elector {
         i32::try_from(self.cfg.duration.as_secs()).unwrap_or(i32::MAX)
     }
 
+    /// The notes of this round on the metadata the holder is about to write.
+    fn annotate(&self, meta: &mut ObjectMeta) {
+        for (key, value) in (self.notes)() {
+            match value {
+                Some(v) => {
+                    meta.annotations
+                        .get_or_insert_with(Default::default)
+                        .insert(key, v);
+                }
+                None => {
+                    if let Some(a) = meta.annotations.as_mut() {
+                        a.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
     /// One round: Ok(true) when we hold the lease afterwards.
     async fn try_acquire_or_renew(&mut self) -> Result<bool> {
         let pp = PostParams::default();
         let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
-            let lease = Lease {
+            let mut lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.cfg.name.clone()),
                     namespace: Some(self.cfg.namespace.clone()),
@@ -76,6 +106,7 @@ impl Elector {
                     ..Default::default()
                 }),
             };
+            self.annotate(&mut lease.metadata);
             return match self.api.create(&pp, &lease).await {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -111,6 +142,7 @@ impl Elector {
         }
         spec.renew_time = Some(now());
         spec.lease_duration_seconds = Some(self.lease_secs());
+        self.annotate(&mut lease.metadata);
         // the resourceVersion from the get makes this a compare-and-swap
         match self.api.replace(&self.cfg.name, &pp, &lease).await {
             Ok(_) => Ok(true),
@@ -250,6 +282,7 @@ pub fn elect(
     cfg: LeaseConfig,
     shutdown: CancellationToken,
     on_change: impl Fn(bool) + Send + Sync + 'static,
+    notes: Notes,
 ) -> (
     Leadership,
     impl std::future::Future<Output = ()> + Send + 'static,
@@ -260,6 +293,7 @@ pub fn elect(
         let mut elector = Elector {
             api,
             cfg: cfg.clone(),
+            notes,
             observed: None,
         };
         let mut last_renew: Option<Instant> = None;
@@ -336,6 +370,7 @@ pub fn elect_or_assume(
     cfg: LeaseConfig,
     dry_run: bool,
     metrics: &Metrics,
+    notes: Notes,
 ) -> (Leadership, tokio::task::JoinHandle<()>) {
     if dry_run {
         info!(lease = %cfg.name, namespace = %cfg.namespace, "dry run: not taking part in the election (the Lease is left alone); acting as the leader, writing nothing");
@@ -347,9 +382,10 @@ pub fn elect_or_assume(
         );
     }
     let leader_metric = metrics.leader.clone();
-    let (leader, election) = elect(local.clone(), cfg, sup.shutdown_token(), move |l| {
+    let on_change = move |l| {
         leader_metric.set(i64::from(l));
-    });
+    };
+    let (leader, election) = elect(local.clone(), cfg, sup.shutdown_token(), on_change, notes);
     (leader, sup.spawn("lease", election))
 }
 
@@ -438,13 +474,18 @@ mod election_tests {
     }
 
     fn start() -> Election {
+        start_with(no_notes())
+    }
+
+    fn start_with(notes: Notes) -> Election {
         let (client, api) = fixtures::client("local");
         let shutdown = CancellationToken::new();
         let changes = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&changes);
-        let (leadership, task) = elect(client, cfg(), shutdown.clone(), move |l| {
-            seen.lock().push(l)
-        });
+        let on_change = move |l| {
+            seen.lock().push(l);
+        };
+        let (leadership, task) = elect(client, cfg(), shutdown.clone(), on_change, notes);
         Election {
             api,
             leadership,
@@ -497,6 +538,52 @@ mod election_tests {
         assert!(!e.leadership.is_leader());
         assert_eq!(*e.changes.lock(), vec![true, false]);
         e.api.assert_idle().await;
+    }
+
+    #[tokio::test]
+    async fn the_holders_notes_ride_on_the_writes_of_the_election_and_nothing_else() {
+        let notes: Notes = Arc::new(|| {
+            BTreeMap::from([
+                ("xcc/pods".to_string(), Some("0".to_string())),
+                ("xcc/gone".to_string(), None),
+            ])
+        });
+        let mut e = start_with(notes);
+        e.api.expect(get(LEASE), status(404, "NotFound")).await;
+        let sent = (e.api)
+            .expect(post(LEASES), created(lease(Some("me"), "1", 0)))
+            .await;
+        assert_eq!(
+            sent.body["metadata"]["annotations"],
+            json!({"xcc/pods": "0"}),
+            "a note without a value is not written"
+        );
+        assert!(e.published().await);
+
+        // the renewal keeps what others wrote, sets ours and removes ours that lost its value
+        let mut held = lease(Some("me"), "2", 0);
+        held["metadata"]["annotations"] = json!({"other": "kept", "xcc/gone": "old"});
+        let mut e2 = start_with(Arc::new(|| {
+            BTreeMap::from([
+                ("xcc/pods".to_string(), Some("3".to_string())),
+                ("xcc/gone".to_string(), None),
+            ])
+        }));
+        e2.api.expect(get(LEASE), ok(held)).await;
+        let sent = e2
+            .api
+            .expect(put(LEASE), ok(lease(Some("me"), "3", 0)))
+            .await;
+        assert_eq!(
+            sent.body["metadata"]["annotations"],
+            json!({"other": "kept", "xcc/pods": "3"})
+        );
+        assert!(e2.published().await);
+        for e in [e, e2] {
+            e.shutdown.cancel();
+            e.api.expect(get(LEASE), status(404, "NotFound")).await;
+            within("the election task's end", e.task).await.unwrap();
+        }
     }
 
     #[tokio::test]
