@@ -250,7 +250,7 @@ fn reasons(fs: &[Failover], pick: Pick) -> String {
         }
     }
     let mut v: Vec<(&str, usize)> = all.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
     let shown: Vec<String> = v
         .iter()
         .take(3)

@@ -260,6 +260,7 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     // the peering cut: north's pods run on, Ready in north, unreachable from west
     let before = snapshot(&west, &[&ns.name]).await;
     let _mend = BedUndo(&["mend", WEST, NORTH]);
+    let capture = traffic::SynCapture::start(&bed_dir, WEST);
     let t0 = now_ms();
     bed_do(&["cut", WEST, NORTH]).await;
     let cut_off = wait_series(
@@ -289,13 +290,24 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
     // still track towards north or leave unanswered by east (a SYN of a post-cut request sent to
     // north would show as a flow whose remaining timeout is under 120 s by less than the time
     // since the cut-off)
+    // each with the flows west's nodes track from its local port (any state, any target)
+    let west_flows = traffic::flows(&bed_dir, WEST);
     let failed_after = |recs: &[traffic::Rec], who: &str| -> Vec<String> {
         (recs.iter())
             .filter(|r| r.sent >= cut && r.sent < cut + AFTER_MS && !r.ok)
             .map(|r| {
                 let after = r.sent - cut;
+                let port = traffic::failed_port(&r.why);
+                let flows: Vec<&String> = (west_flows.iter())
+                    .filter(|l| port.is_some_and(|p| l.contains(&format!(" sport={p} "))))
+                    .collect();
+                let packets = match (&capture, port) {
+                    (Ok(c), Some(p)) => c.packets(p),
+                    (Err(e), _) => vec![format!("no capture: {e}")],
+                    (_, None) => Vec::new(),
+                };
                 format!(
-                    "{who} #{} sent {after} ms after the cut-off, {} ms: {}",
+                    "{who} #{} sent {after} ms after the cut-off, {} ms: {}; its flows: {flows:#?}; its packets: {packets:#?}",
                     r.seq, r.took, r.why
                 )
             })
@@ -390,6 +402,10 @@ async fn a_remote_whose_pods_cannot_be_reached_is_cut_off_and_restored_deleting_
             .lines()
             .any(|l| l.starts_with(&import_line) && l.contains("north 0/2 cut off")),
         "status shows the import's endpoints per cluster:\n{table}"
+    );
+    assert!(
+        !table.contains("local pod networks: none known"),
+        "west's nodes name their pod networks (spec.podCIDRs): {table}"
     );
     assert!(
         north_ready,

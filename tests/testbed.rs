@@ -380,6 +380,36 @@ async fn a_controller_manager_that_died_is_noticed_and_started_again() {
     );
 }
 
+/// A cluster made with an etcd quota (XCC_TESTBED_ETCD_QUOTA_MIB) runs its etcd with it, as etcd
+/// itself reports it; asking another quota of it is refused, the same one is a no-op.
+#[tokio::test]
+async fn a_cluster_made_with_an_etcd_quota_runs_its_etcd_with_it() {
+    const CLUSTER: &str = "bed-quota";
+    support::quota_cluster(CLUSTER, "96").await;
+    let port = support::etcd_port(CLUSTER).await;
+    let (code, text) = tokio::task::spawn_blocking(move || {
+        support::daemon::http_get(port, "/metrics", Duration::from_secs(5))
+    })
+    .await
+    .expect("metrics task")
+    .expect("etcd's metrics");
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        support::metrics::series_value(&text, "etcd_server_quota_backend_bytes", &[]),
+        Ok((96u64 << 20) as f64)
+    );
+    let (ok, said) = tokio::task::spawn_blocking(|| {
+        support::bed_try(&["up", CLUSTER], &[("XCC_TESTBED_ETCD_QUOTA_MIB", "128")])
+    })
+    .await
+    .expect("bed task");
+    assert!(
+        !ok && said.contains("exists with an etcd quota of 96 MiB"),
+        "bed up said: {said}"
+    );
+    support::quota_cluster(CLUSTER, "96").await;
+}
+
 /// A bed whose filesystem is nearly full says so in `bed status` (the kubelets evict pods below
 /// 1% free, which shows only as pods never ready): a 1 MiB tmpfs as the bed's directory, filled.
 #[test]

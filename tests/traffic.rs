@@ -1435,12 +1435,17 @@ fn the_load_clients_lines_parse() {
     let recs = traffic::parse(
         "0 1000 3 ok 200 pod=web-a cluster=east path=/\n\
          2 1100 4 ok 503 terminating\n\
-         1 1050 2000 fail connect: Connection timed out\nweb: noise\n",
+         1 1050 2000 fail connect: Connection timed out (port 40312)\nweb: noise\n",
     );
     assert_eq!(recs.len(), 3);
     let recs = [recs[0].clone(), recs[2].clone(), recs[1].clone()];
     assert!(recs[0].ok && recs[0].pod == "web-a" && recs[0].cluster == "east");
     assert!(!recs[1].ok && recs[1].took == 2000 && recs[1].why.contains("timed out"));
+    assert_eq!(traffic::failed_port(&recs[1].why), Some(40312));
+    assert_eq!(
+        traffic::failed_port("resolve web: Name or service not known"),
+        None
+    );
     assert!(!recs[2].ok, "a non-2xx answer is a failure");
     let t = Tally::of(&recs, 1000, 1100);
     assert_eq!((t.sent, t.failed), (2, 1));

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use support::daemon::{Daemon, args_for, with_args};
 use support::fault::{Report, conclude_since, snapshot};
 use support::{
-    KEY, LOCAL, REMOTE, absent, bed, client, event_notes, eventually, namespace, obj, present,
+    KEY, LOCAL, REMOTE, absent, client, event_notes, eventually, namespace, obj, present,
 };
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -130,27 +130,8 @@ async fn json_bytes(c: &Client, path: &str) -> Result<usize, String> {
 async fn etcd_bytes(cluster: &str, key: &str) -> Result<usize, String> {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let ports = bed().await.dir.join(cluster).join("ports");
-    let text = std::fs::read_to_string(&ports).map_err(|e| format!("{}: {e}", ports.display()))?;
-    let port = text
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("etcd_client="))
-        .ok_or_else(|| format!("no etcd_client in {text:?}"))?
-        .to_string();
-    let body = json!({"key": b64.encode(key)}).to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("curl")
-            .args(["-sf", "--max-time", "5", "-X", "POST", "-d", &body])
-            .arg(format!("http://127.0.0.1:{port}/v3/kv/range"))
-            .output()
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("curl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("etcd range of {key}: {}", out.status));
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let port = support::etcd_port(cluster).await;
+    let v = support::etcd_call(port, "/v3/kv/range", json!({"key": b64.encode(key)})).await?;
     let value = v["kvs"][0]["value"]
         .as_str()
         .ok_or_else(|| format!("etcd has no {key}: {v}"))?;

@@ -12,6 +12,8 @@
  *                         failure, name resolution included):
  *                           <seq> <sent> <took> ok <status> <first line of the body>
  *                           <seq> <sent> <took> fail <why>
+ *                         (a connect that failed after its SYN names its local port: "connect:
+ *                         Connection timed out (port 40312)")
  *                         Lines come in the order requests end: every request begun before a
  *                         time T has its line once every seq below that of a line sent at or
  *                         after T is there.
@@ -58,7 +60,14 @@ static int parse_url(const char *s, struct url *u) {
   return 0;
 }
 
-/* connect with a deadline; on failure, why says so */
+/* the local port of fd, for a failed connect to name its flow (a node's conntrack entry) */
+static int local_port(int fd) {
+  struct sockaddr_in a;
+  socklen_t len = sizeof a;
+  return getsockname(fd, (struct sockaddr *)&a, &len) == 0 ? ntohs(a.sin_port) : 0;
+}
+
+/* connect with a deadline; on failure, why says so (and from which local port) */
 static int dial(const struct url *u, char *why, size_t n) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
   int rc = getaddrinfo(u->host, u->port, &hints, &ai);
@@ -74,13 +83,14 @@ static int dial(const struct url *u, char *why, size_t n) {
     return -1;
   }
   freeaddrinfo(ai);
+  int port = local_port(fd); /* bound by connect, before a failure may unbind it */
   struct pollfd p = {.fd = fd, .events = POLLOUT};
   int err = 0;
   socklen_t len = sizeof err;
   if (poll(&p, 1, 2000) != 1) err = ETIMEDOUT;
   else getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
   if (err) {
-    snprintf(why, n, "connect: %s", strerror(err));
+    snprintf(why, n, "connect: %s (port %d)", strerror(err), port);
     close(fd);
     return -1;
   }

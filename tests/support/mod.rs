@@ -101,6 +101,61 @@ pub async fn narrow_cluster(name: &'static str, prefix: &'static str) {
     .expect("bed task");
 }
 
+/// Brings up one extra cluster of the bed whose etcd has a quota of `mib` MiB
+/// (XCC_TESTBED_ETCD_QUOTA_MIB, see testbed/bed); a no-op when it already runs with it.
+pub async fn quota_cluster(name: &'static str, mib: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        bed_cmd_env(&["up", name], &[("XCC_TESTBED_ETCD_QUOTA_MIB", mib)])
+    })
+    .await
+    .expect("bed task");
+}
+
+/// The client port of the etcd of the bed's cluster `name` (its `ports` file, testbed/bed).
+pub async fn etcd_port(name: &str) -> u16 {
+    let ports = bed().await.dir.join(name).join("ports");
+    let text =
+        std::fs::read_to_string(&ports).unwrap_or_else(|e| panic!("{}: {e}", ports.display()));
+    (text.split_whitespace())
+        .find_map(|w| w.strip_prefix("etcd_client=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no etcd_client in {}: {text}", ports.display()))
+}
+
+/// A call of etcd's JSON gateway on loopback port `port` (POST `path` with `body`): its answer.
+pub async fn etcd_call(
+    port: u16,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let (url, body) = (format!("http://127.0.0.1:{port}{path}"), body.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("curl")
+            .args(["-sf", "--max-time", "5", "-X", "POST", "-d", &body, &url])
+            .output()
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("etcd {path}: curl {}", out.status));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("etcd {path}: {e}"))
+}
+
+/// Runs testbed/bed with `env` and says whether it succeeded, with its standard error.
+pub fn bed_try(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg(repo_root().join("testbed/bed"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run testbed/bed");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Runs testbed/bed like [`bed_cmd`]; what it said on standard error.
 pub fn bed_cmd_stderr(args: &[&str]) -> String {
     bed_output(args, &[]).1

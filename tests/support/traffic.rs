@@ -3,7 +3,7 @@
 //! window of time; what a node's kube-proxy currently sends traffic to; the web Deployment the
 //! events act on.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -449,9 +449,9 @@ pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String>
 }
 
 /// The TCP flows the nodes of `cluster` track (conntrack, in each node's network namespace,
-/// where kube-proxy's DNAT happens) whose answer is due from one of `ips`: `conntrack -L`'s
-/// lines, for a failure message to say where the failed requests went.
-pub fn flows_to(bed_dir: &Path, cluster: &str, ips: &BTreeSet<String>) -> Vec<String> {
+/// where kube-proxy's DNAT happens): `conntrack -L`'s lines, each after its namespace's path, for
+/// a failure message to say where the failed requests went.
+pub fn flows(bed_dir: &Path, cluster: &str) -> Vec<String> {
     let nodes = match node_netns(bed_dir, cluster) {
         Ok(n) => n,
         Err(e) => return vec![e],
@@ -464,18 +464,95 @@ pub fn flows_to(bed_dir: &Path, cluster: &str, ips: &BTreeSet<String>) -> Vec<St
             .output();
         match listed {
             Ok(o) => out.extend(
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .filter(|l| {
-                        let reply = l.split("src=").nth(2).unwrap_or_default();
-                        ips.iter().any(|ip| reply.starts_with(&format!("{ip} ")))
-                    })
+                (String::from_utf8_lossy(&o.stdout).lines())
                     .map(|l| format!("{}: {l}", netns.display())),
             ),
             Err(e) => out.push(format!("nsenter conntrack: {e}")),
         }
     }
     out
+}
+
+/// [`flows`] whose answer is due from one of `ips` (the reply direction's source).
+pub fn flows_to(bed_dir: &Path, cluster: &str, ips: &BTreeSet<String>) -> Vec<String> {
+    (flows(bed_dir, cluster).into_iter())
+        .filter(|l| {
+            let reply = l.split("src=").nth(2).unwrap_or_default();
+            ips.iter().any(|ip| reply.starts_with(&format!("{ip} ")))
+        })
+        .collect()
+}
+
+/// The local port a load client's failed connect names (`... (port 40312)`, testbed/workloads/load.c).
+pub fn failed_port(why: &str) -> Option<u16> {
+    why.rsplit_once("(port ")?.1.strip_suffix(')')?.parse().ok()
+}
+
+/// The SYNs and RSTs every node namespace of `cluster` sees, captured by tcpdump into files until
+/// dropped, for a failure message to follow a failed request's packets through its node (the
+/// pod's veth before DNAT, the node's eth0 after it).
+pub struct SynCapture {
+    _dir: tempfile::TempDir,
+    /// each node's capture file and namespace (where its interface names resolve)
+    files: Vec<(PathBuf, PathBuf)>,
+    running: Vec<std::process::Child>,
+}
+
+impl SynCapture {
+    pub fn start(bed_dir: &Path, cluster: &str) -> Result<SynCapture, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let (mut running, mut files) = (Vec::new(), Vec::new());
+        for (i, netns) in node_netns(bed_dir, cluster)?.into_iter().enumerate() {
+            let file = dir.path().join(format!("node{i}.pcap"));
+            let child = std::process::Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["tcpdump", "-i", "any", "-nn", "-U", "-w"])
+                .arg(&file)
+                .arg("tcp[tcpflags] & (tcp-syn|tcp-rst) != 0")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| format!("nsenter tcpdump: {e}"))?;
+            running.push(child);
+            files.push((file, netns));
+        }
+        Ok(SynCapture {
+            _dir: dir,
+            files,
+            running,
+        })
+    }
+
+    /// The packets from or to local port `port` of every node, as tcpdump prints them (read in
+    /// the node's namespace, so that its interfaces have their names).
+    pub fn packets(&self, port: u16) -> Vec<String> {
+        let mut out = Vec::new();
+        for (file, netns) in &self.files {
+            let read = std::process::Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["tcpdump", "-nn", "-tt", "-r"])
+                .arg(file)
+                .arg(format!("port {port}"))
+                .output();
+            match read {
+                Ok(o) => out.extend(
+                    (String::from_utf8_lossy(&o.stdout).lines())
+                        .map(|l| format!("{}: {l}", netns.display())),
+                ),
+                Err(e) => out.push(format!("tcpdump -r: {e}")),
+            }
+        }
+        out
+    }
+}
+
+impl Drop for SynCapture {
+    fn drop(&mut self) {
+        for c in &mut self.running {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Waits until the kube-proxy of every node of `cluster` sends traffic to none of `ips`
