@@ -970,6 +970,15 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             f.load_1m_before,
             f.load_1m_after
         );
+        md += &format!(
+            "\nGoal (issue 37, item 7): north's p99 beside the churn under 100 ms: {} ({:.1} ms).\n",
+            if f.churned.p99_ms < 100.0 {
+                "met"
+            } else {
+                "not met"
+            },
+            f.churned.p99_ms
+        );
     }
     md
 }
