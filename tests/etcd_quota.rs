@@ -117,7 +117,11 @@ async fn etcd(cluster: &str) -> Result<Etcd, String> {
     let alarms = support::etcd_call(port, "/v3/maintenance/alarm", json!({"action": "GET"}))
         .await?["alarms"]
         .as_array()
-        .map(|a| a.iter().map(|x| x["alarm"].to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|x| x["alarm"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
         .unwrap_or_default();
     Ok(Etcd {
         size: series("etcd_mvcc_db_total_size_in_bytes")?,

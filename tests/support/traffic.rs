@@ -452,25 +452,27 @@ pub fn proxy_rules(bed_dir: &Path, cluster: &str) -> Result<Vec<String>, String>
 /// where kube-proxy's DNAT happens): `conntrack -L`'s lines, each after its namespace's path, for
 /// a failure message to say where the failed requests went.
 pub fn flows(bed_dir: &Path, cluster: &str) -> Vec<String> {
-    let nodes = match node_netns(bed_dir, cluster) {
-        Ok(n) => n,
-        Err(e) => return vec![e],
-    };
-    let mut out = Vec::new();
-    for netns in nodes {
-        let listed = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .args(["conntrack", "-L", "-p", "tcp"])
-            .output();
-        match listed {
-            Ok(o) => out.extend(
-                (String::from_utf8_lossy(&o.stdout).lines())
-                    .map(|l| format!("{}: {l}", netns.display())),
-            ),
-            Err(e) => out.push(format!("nsenter conntrack: {e}")),
-        }
+    match node_netns(bed_dir, cluster) {
+        Ok(nodes) => (nodes.iter())
+            .flat_map(|netns| in_node(netns, &["conntrack", "-L", "-p", "tcp"]))
+            .collect(),
+        Err(e) => vec![e],
     }
-    out
+}
+
+/// The lines `args` prints in node namespace `netns`, each after the namespace's path (or one
+/// line saying why it could not run).
+fn in_node(netns: &Path, args: &[&str]) -> Vec<String> {
+    let run = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(args)
+        .output();
+    match run {
+        Ok(o) => (String::from_utf8_lossy(&o.stdout).lines())
+            .map(|l| format!("{}: {l}", netns.display()))
+            .collect(),
+        Err(e) => vec![format!("nsenter {}: {e}", args.join(" "))],
+    }
 }
 
 /// [`flows`] whose answer is due from one of `ips` (the reply direction's source).
@@ -526,23 +528,13 @@ impl SynCapture {
     /// The packets from or to local port `port` of every node, as tcpdump prints them (read in
     /// the node's namespace, so that its interfaces have their names).
     pub fn packets(&self, port: u16) -> Vec<String> {
-        let mut out = Vec::new();
-        for (file, netns) in &self.files {
-            let read = std::process::Command::new("nsenter")
-                .arg(format!("--net={}", netns.display()))
-                .args(["tcpdump", "-nn", "-tt", "-r"])
-                .arg(file)
-                .arg(format!("port {port}"))
-                .output();
-            match read {
-                Ok(o) => out.extend(
-                    (String::from_utf8_lossy(&o.stdout).lines())
-                        .map(|l| format!("{}: {l}", netns.display())),
-                ),
-                Err(e) => out.push(format!("tcpdump -r: {e}")),
-            }
-        }
-        out
+        let filter = format!("port {port}");
+        (self.files.iter())
+            .flat_map(|(file, netns)| {
+                let file = file.display().to_string();
+                in_node(netns, &["tcpdump", "-nn", "-tt", "-r", &file, &filter])
+            })
+            .collect()
     }
 }
 
