@@ -37,6 +37,8 @@ pub struct Config {
     pub renew_before: credentials::RenewBefore,
     pub admin_bind: SocketAddr,
     pub workers: u16,
+    /// the most keys of one source cluster in process at once (0: no cap)
+    pub workers_per_remote: u16,
 }
 
 pub async fn run(config: Config) -> Result<()> {
@@ -56,7 +58,7 @@ pub async fn run(config: Config) -> Result<()> {
     let ctx = Arc::new(Ctx::new(config.reconcile.clone(), local, &leader, &metrics));
     // the Lease's notes read the context from here on (before it exists, they say nothing)
     let _ = noted.set(Arc::clone(&ctx));
-    let queue = WorkQueue::new();
+    let queue = WorkQueue::with_lane_cap(usize::from(config.workers_per_remote));
     let ctl = Arc::new(worker::Controller::new(ctx.clone(), queue.clone(), leader));
     let timeout = config.remotes.watch_timeout();
 

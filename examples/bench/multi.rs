@@ -704,6 +704,13 @@ pub struct Fair {
     churned_over_100ms: usize,
     /// the churning remote's slice writes per second meanwhile (what its API server took)
     churn_writes_per_s: f64,
+    /// in the daemon (its propagation-lag histogram: north's change seen to its write done),
+    /// quiet and churned: p50 and p99 as bucket bounds, and the mean (ms)
+    daemon_quiet: [f64; 3],
+    daemon_churned: [f64; 3],
+    /// the daemon's EndpointSlice writes, mean duration (ms), quiet and churned
+    slice_write_quiet_ms: f64,
+    slice_write_churned_ms: f64,
     /// local Service and EndpointSlice writes per second while churned
     local_writes_per_s: f64,
     load_1m_before: f64,
@@ -800,7 +807,15 @@ pub async fn fair(
     tokio::time::sleep(Duration::from_secs(5)).await;
     let targets = [(Api::namespaced(north.clone(), &ns), churn)];
     let load_before = load_1m();
+    let inside = |port| async move {
+        let lag = Histo::read(port, "xcc_propagation_lag_seconds", "remote=\"north\"");
+        let write = Histo::read(port, "xcc_write_duration_seconds", "kind=\"EndpointSlice\"");
+        Res::Ok((lag.await.unwrap_or_default(), write.await?))
+    };
+    let summary = |h: &Histo| [h.bound_ms(0.5), h.bound_ms(0.99), h.mean_ms()];
+    let at_start = inside(proc.port).await?;
     let quiet = super::churn(&west, &ns, &sel, &targets, n, rate, secs).await?;
+    let after_quiet = inside(proc.port).await?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flipping = tokio::spawn(flip_endpoints(
         Api::namespaced(east.clone(), &ns),
@@ -812,6 +827,7 @@ pub async fn fair(
     let (writes_before, started) = (api_writes(&west).await?, Instant::now());
     let churned = super::churn(&west, &ns, &sel, &targets, n, rate, secs).await?;
     let local = (api_writes(&west).await? - writes_before) / started.elapsed().as_secs_f64();
+    let after_churn = inside(proc.port).await?;
     stop.store(true, Ordering::SeqCst);
     let flipped = flipping.await?;
     let load_after = load_1m();
@@ -825,6 +841,10 @@ pub async fn fair(
         quiet,
         churned,
         churn_writes_per_s: flipped as f64 / (started.elapsed().as_secs_f64() + 10.0),
+        daemon_quiet: summary(&after_quiet.0.since(&at_start.0)),
+        daemon_churned: summary(&after_churn.0.since(&after_quiet.0)),
+        slice_write_quiet_ms: after_quiet.1.since(&at_start.1).mean_ms(),
+        slice_write_churned_ms: after_churn.1.since(&after_quiet.1).mean_ms(),
         local_writes_per_s: local,
         load_1m_before: load_before,
         load_1m_after: load_after,
@@ -948,7 +968,7 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
     }
     if let Some(f) = &res.fair {
         md += &format!(
-            "\n### Fairness: an honest remote beside a churning one\n\nOne daemon reading two remotes: east exports {} Services (3 endpoints each) and flips the readiness of every endpoint, slice after slice, 32 writes in flight, as fast as its API server takes it ({:.0} slice writes a second); north exports {} Services and changes an endpoint {} times a second for {} s, each change timed by a separate watcher on the local cluster until it is in a follower slice. The floor is the same north changes in the same run with east quiet.\n\n| north's changes | observed | p50 (ms) | p99 (ms) | max (ms) | later than 100 ms | local writes a second |\n|---|---:|---:|---:|---:|---:|---:|\n| east quiet (floor) | {} of {} | {:.1} | {:.1} | {:.1} | {} | |\n| east churning | {} of {} | {:.1} | {:.1} | {:.1} | {} | {:.0} |\n\nThe machine's 1-minute load average: {:.1} before, {:.1} after.\n",
+            "\n### Fairness: an honest remote beside a churning one\n\nOne daemon reading two remotes: east exports {} Services (3 endpoints each) and flips the readiness of every endpoint, slice after slice, 32 writes in flight, as fast as its API server takes it ({:.0} slice writes a second); north exports {} Services and changes an endpoint {} times a second for {} s, each change timed by a separate watcher on the local cluster until it is in a follower slice. The floor is the same north changes in the same run with east quiet. The daemon runs 32 workers with its default `--workers-per-remote` (4 since issue 37). In the daemon: its propagation-lag histogram for north (from the change seen by its watch to its write done; p50 and p99 are the bounds of the histogram's buckets, which double from 1 ms) and the mean duration of its EndpointSlice writes to the local API server, over the same window.\n\n| north's changes | observed | p50 (ms) | p99 (ms) | max (ms) | later than 100 ms | local writes a second | in the daemon: p50 at most (ms) | p99 at most (ms) | mean (ms) | the daemon's slice writes, mean (ms) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| east quiet (floor) | {} of {} | {:.1} | {:.1} | {:.1} | {} | | {:.0} | {:.0} | {:.1} | {:.1} |\n| east churning | {} of {} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |\n\nThe machine's 1-minute load average: {:.1} before, {:.1} after.\n",
             f.churn_services,
             f.churn_writes_per_s,
             f.honest_services,
@@ -960,6 +980,10 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             f.quiet.p99_ms,
             f.quiet.max_ms,
             f.quiet_over_100ms,
+            f.daemon_quiet[0],
+            f.daemon_quiet[1],
+            f.daemon_quiet[2],
+            f.slice_write_quiet_ms,
             f.churned.observed,
             f.churned.changes,
             f.churned.p50_ms,
@@ -967,6 +991,10 @@ pub fn markdown(res: &Results, sizes: &[usize], n: usize) -> String {
             f.churned.max_ms,
             f.churned_over_100ms,
             f.local_writes_per_s,
+            f.daemon_churned[0],
+            f.daemon_churned[1],
+            f.daemon_churned[2],
+            f.slice_write_churned_ms,
             f.load_1m_before,
             f.load_1m_after
         );
@@ -1055,8 +1083,99 @@ pub async fn run(bin: &Path, kc: &Path, sizes: &[usize], n: usize, tag: &str) ->
             f.load_1m_before,
             f.load_1m_after
         );
+        eprintln!(
+            "  -> fair, in the daemon (p50 <=, p99 <=, mean ms): quiet {:?}, churned {:?}; slice writes mean {:.1} ms quiet, {:.1} ms churned",
+            f.daemon_quiet, f.daemon_churned, f.slice_write_quiet_ms, f.slice_write_churned_ms
+        );
         res.fair = Some(f);
     }
     res.whole_run_s = started.elapsed().as_secs_f64();
     Ok(res)
+}
+
+/// One histogram series of the daemon's /metrics (`name` with labels containing `labels`):
+/// the cumulative count at each bucket bound (seconds), the sum and the count.
+#[derive(Clone, Default)]
+pub struct Histo {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Histo {
+    /// The series of `name` whose labels contain `labels` (summed over the series that do).
+    pub async fn read(port: u16, name: &str, labels: &str) -> Res<Histo> {
+        let text = daemon_metrics(port).await?;
+        let mut h = Histo::default();
+        let mut bounds: Map<String, f64> = Map::new();
+        for line in text.lines().filter(|l| l.contains(labels)) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            if series.starts_with(&format!("{name}_bucket{{")) {
+                let le = series
+                    .split("le=\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .ok_or("a bucket without le")?;
+                *bounds.entry(le.to_string()).or_default() += v;
+            } else if series.starts_with(&format!("{name}_sum{{")) {
+                h.sum += v;
+            } else if series.starts_with(&format!("{name}_count{{")) {
+                h.count += v;
+            }
+        }
+        if h.count == 0.0 && bounds.is_empty() {
+            return Err(
+                format!("no series {name}{{..{labels}..}} in the daemon's /metrics").into(),
+            );
+        }
+        h.buckets = bounds
+            .into_iter()
+            .map(|(le, c)| (le.parse().unwrap_or(f64::INFINITY), c))
+            .collect();
+        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(h)
+    }
+
+    /// What was observed between `before` and `self`.
+    pub fn since(&self, before: &Histo) -> Histo {
+        let at = |le: f64| {
+            before
+                .buckets
+                .iter()
+                .find(|b| b.0 == le)
+                .map_or(0.0, |b| b.1)
+        };
+        Histo {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, c)| (*le, c - at(*le)))
+                .collect(),
+            sum: self.sum - before.sum,
+            count: self.count - before.count,
+        }
+    }
+
+    pub fn mean_ms(&self) -> f64 {
+        if self.count > 0.0 {
+            self.sum / self.count * 1000.0
+        } else {
+            f64::NAN
+        }
+    }
+
+    /// The bound (ms) of the first bucket holding the share `q` of the observations: the
+    /// quantile is at most this.
+    pub fn bound_ms(&self, q: f64) -> f64 {
+        let want = q * self.count;
+        self.buckets
+            .iter()
+            .find(|(_, c)| *c >= want)
+            .map_or(f64::NAN, |(le, _)| le * 1000.0)
+    }
 }

@@ -82,6 +82,13 @@ pub struct Args {
     #[arg(long, env = "WORKERS", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=512))]
     pub workers: u16,
 
+    /// The most of one source cluster's keys in process at once (a remote's; with the MCS API
+    /// also the local cluster's exports), so a remote that changes thousands of Services
+    /// keeps at most this many writes waiting at the local API server and the other workers free
+    /// for the other remotes (0: no cap). The daemon's full passes are not capped.
+    #[arg(long, env = "WORKERS_PER_REMOTE", default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=512))]
+    pub workers_per_remote: u16,
+
     /// Log what would be written, write nothing.
     #[arg(long, env = "DRY_RUN")]
     pub dry_run: bool,
@@ -436,6 +443,7 @@ impl Args {
             renew_before: self.remote_token_renew_before,
             admin_bind: self.admin_bind,
             workers: self.workers,
+            workers_per_remote: self.workers_per_remote,
         })
     }
 }

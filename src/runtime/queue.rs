@@ -9,6 +9,12 @@
 //! queued in two lanes (a merged follower that two remotes changed) waits in both and runs once,
 //! at the first of its turns.
 //!
+//! Taking turns is not enough on its own: a pass's writes wait at the local API server behind
+//! every write in flight there, and a busy lane would keep every worker writing. So a lane other
+//! than [`OWN`] has at most `lane_cap` keys in process at once ([`WorkQueue::with_lane_cap`]);
+//! past it the lane waits for one of its keys to be done, and the other workers stay free for
+//! the other lanes. The daemon's own lane is not capped: its full passes are everyone's.
+//!
 //! A key added after a delay (a retry's back-off) waits in the queue's own `DelayQueue`, not in
 //! a task of its own: one task ([`WorkQueue::delays`], supervised) moves each key into the queue
 //! when its delay has passed. A key waits there at most once, by the earliest of its delays.
@@ -42,7 +48,12 @@ struct State<K> {
     turns: VecDeque<Arc<str>>,
     /// the keys waiting (each in one lane at least)
     queued: HashSet<K>,
-    processing: HashSet<K>,
+    /// each key in process, and the lane it was taken through
+    processing: HashMap<K, Arc<str>>,
+    /// the keys in process of each lane that has some
+    running: HashMap<Arc<str>, usize>,
+    /// the most keys of one lane (not [`OWN`]) in process at once; 0: no cap
+    lane_cap: usize,
     /// changed while processing: re-queued when done, in the lane of the first change
     dirty: HashMap<K, Arc<str>>,
     /// keys added after a delay, until it passes
@@ -73,10 +84,26 @@ impl<K: Clone + Eq + Hash> State<K> {
         fresh
     }
 
+    /// Whether `lane` has as many keys in process as it may have.
+    fn full(&self, lane: &str) -> bool {
+        self.lane_cap > 0
+            && lane != OWN
+            && self.running.get(lane).is_some_and(|n| *n >= self.lane_cap)
+    }
+
     /// The first waiting key of the lane whose turn it is; that lane goes to the back of the
-    /// turns while it has keys. Entries of keys taken through another lane are passed over.
-    fn take(&mut self) -> Option<K> {
-        while let Some(name) = self.turns.pop_front() {
+    /// turns while it has keys. Entries of keys taken through another lane are passed over; a
+    /// lane that is [`Self::full`] keeps its keys and its place, and waits for its next turn.
+    /// Returns the key and the lane it was taken through.
+    fn take(&mut self) -> Option<(K, Arc<str>)> {
+        for _ in 0..self.turns.len() {
+            let Some(name) = self.turns.pop_front() else {
+                break;
+            };
+            if self.full(&name) {
+                self.turns.push_back(name);
+                continue;
+            }
             let Some(lane) = self.lanes.get_mut(&name) else {
                 continue;
             };
@@ -91,13 +118,35 @@ impl<K: Clone + Eq + Hash> State<K> {
             if lane.keys.is_empty() {
                 self.lanes.remove(&name);
             } else {
-                self.turns.push_back(name);
+                self.turns.push_back(name.clone());
             }
-            if found.is_some() {
-                return found;
+            if let Some(key) = found {
+                return Some((key, name));
             }
         }
         None
+    }
+
+    /// The key is in process, taken through `lane`.
+    fn start(&mut self, key: K, lane: Arc<str>) {
+        *self.running.entry(lane.clone()).or_default() += 1;
+        self.processing.insert(key, lane);
+    }
+
+    /// The key is processed; true when its lane was full and has keys waiting, which a worker
+    /// can take now.
+    fn finish(&mut self, key: &K) -> bool {
+        let Some(lane) = self.processing.remove(key) else {
+            return false;
+        };
+        let was_full = self.full(&lane);
+        if let Some(n) = self.running.get_mut(&lane) {
+            *n -= 1;
+            if *n == 0 {
+                self.running.remove(&lane);
+            }
+        }
+        was_full && self.lanes.contains_key(&lane)
     }
 }
 
@@ -107,13 +156,22 @@ pub struct WorkQueue<K> {
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
+    /// A queue whose lanes are not capped.
     pub fn new() -> Arc<Self> {
+        Self::with_lane_cap(0)
+    }
+
+    /// A queue in which a lane other than [`OWN`] has at most `cap` keys in process at once
+    /// (0: no cap).
+    pub fn with_lane_cap(cap: usize) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 lanes: HashMap::new(),
                 turns: VecDeque::new(),
                 queued: HashSet::new(),
-                processing: HashSet::new(),
+                processing: HashMap::new(),
+                running: HashMap::new(),
+                lane_cap: cap,
                 dirty: HashMap::new(),
                 delayed: DelayQueue::new(),
                 waiting: HashMap::new(),
@@ -139,7 +197,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         if s.closed {
             return;
         }
-        if s.processing.contains(&key) {
+        if s.processing.contains_key(&key) {
             s.dirty.entry(key).or_insert_with(|| lane.into());
             return;
         }
@@ -201,8 +259,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             let notified = self.notify.notified();
             {
                 let mut s = self.lock();
-                if let Some(key) = s.take() {
-                    s.processing.insert(key.clone());
+                if let Some((key, lane)) = s.take() {
+                    s.start(key.clone(), lane);
                     if !s.queued.is_empty() {
                         self.notify.notify_one();
                     }
@@ -219,11 +277,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// Marks the key processed; if it changed meanwhile it is queued again.
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
-        s.processing.remove(key);
-        if let Some(lane) = s.dirty.remove(key)
-            && s.enter(&lane, key.clone())
-        {
-            drop(s);
+        let freed = s.finish(key);
+        let again = match s.dirty.remove(key) {
+            Some(lane) => s.enter(&lane, key.clone()),
+            None => false,
+        };
+        drop(s);
+        if freed || again {
             self.notify.notify_one();
         }
     }
@@ -388,6 +448,68 @@ mod tests {
         q.done(&1);
         assert_eq!(q.next().await, Some(10));
         assert_eq!(q.next().await, Some(1), "b's turn, not after a's backlog");
+    }
+
+    #[tokio::test]
+    async fn a_lane_has_at_most_its_cap_in_process_and_leaves_the_other_workers_free() {
+        let q = WorkQueue::with_lane_cap(2);
+        for i in 0..100 {
+            q.add_in("churner", i);
+        }
+        let (a, b) = (q.next().await, q.next().await);
+        assert_eq!((a, b), (Some(0), Some(1)));
+        let third = tokio::time::timeout(Duration::from_millis(50), q.next()).await;
+        assert!(
+            third.is_err(),
+            "a full lane hands out nothing more: {third:?}"
+        );
+        q.add_in("honest", 5000);
+        q.add(6000);
+        assert_eq!(q.next().await, Some(5000), "another lane's key is taken");
+        assert_eq!(q.next().await, Some(6000), "and the daemon's own");
+        for i in 7000..7003 {
+            q.add(i);
+        }
+        for i in 7000..7003 {
+            assert_eq!(
+                q.next().await,
+                Some(i),
+                "the daemon's own lane is not capped"
+            );
+        }
+        q.done(&0);
+        assert_eq!(q.next().await, Some(2), "one done, one more of the lane");
+        assert_eq!(q.len(), 97);
+    }
+
+    #[tokio::test]
+    async fn a_worker_waiting_on_a_full_lane_wakes_when_one_of_its_keys_is_done() {
+        let q = WorkQueue::with_lane_cap(1);
+        q.add_in("a", 1);
+        q.add_in("a", 2);
+        assert_eq!(q.next().await, Some(1));
+        let q2 = Arc::clone(&q);
+        let waiting = tokio::spawn(async move { q2.next().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the lane is full");
+        q.done(&1);
+        let took = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert_eq!(took.ok().and_then(Result::ok), Some(Some(2)));
+    }
+
+    #[tokio::test]
+    async fn a_key_changed_in_process_comes_back_in_a_full_lane_and_waits_its_turn() {
+        let q = WorkQueue::with_lane_cap(1);
+        q.add_in("a", 1);
+        assert_eq!(q.next().await, Some(1));
+        q.add_in("a", 1); // changed while processing: dirty
+        q.add_in("a", 2);
+        q.done(&1);
+        assert_eq!(q.next().await, Some(2), "the lane's first waiting key");
+        let next = tokio::time::timeout(Duration::from_millis(50), q.next()).await;
+        assert!(next.is_err(), "1 waits for 2 to be done: {next:?}");
+        q.done(&2);
+        assert_eq!(q.next().await, Some(1));
     }
 
     #[tokio::test]
