@@ -280,8 +280,20 @@ pub(crate) async fn desired_followers(
 
 /// Fails unless the first and the last desired follower match what the daemon wrote (labels,
 /// annotations, ports; each slice's labels, annotations, endpoints and owner): the floor
-/// writes the daemon's objects, not lighter ones.
+/// writes the daemon's objects, not lighter ones. With `XCC_BENCH_BINARY` (another build,
+/// e.g. an older commit's, whose objects may differ by design) a difference is printed, not
+/// an error: the floor writes this tree's objects.
 pub(crate) async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> {
+    match compare_written(west, ns, want).await {
+        Err(e) if std::env::var_os("XCC_BENCH_BINARY").is_some() => {
+            eprintln!("  (XCC_BENCH_BINARY: {e}; the floor writes this tree's objects)");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+async fn compare_written(west: &Client, ns: &str, want: &[Follower]) -> Res<()> {
     for f in [want.first(), want.last()].into_iter().flatten() {
         let name = f.service.name_any();
         let live = Api::<Service>::namespaced(west.clone(), ns)
@@ -300,12 +312,22 @@ pub(crate) async fn same_as_written(west: &Client, ns: &str, want: &[Follower]) 
                 .get(&s)
                 .await?;
             let owners = |o: &EndpointSlice| o.owner_references().len();
-            if live.labels() != want_slice.labels()
-                || live.annotations() != want_slice.annotations()
-                || live.endpoints != want_slice.endpoints
-                || owners(&live) != 1
-            {
-                return Err(format!("the floor's slice {s} differs from the daemon's").into());
+            let differs = [
+                ("labels", live.labels() != want_slice.labels()),
+                (
+                    "annotations",
+                    live.annotations() != want_slice.annotations(),
+                ),
+                ("endpoints", live.endpoints != want_slice.endpoints),
+                ("owners", owners(&live) != 1),
+            ];
+            let what: Vec<&str> = differs.iter().filter(|d| d.1).map(|d| d.0).collect();
+            if !what.is_empty() {
+                return Err(format!(
+                    "the floor's slice {s} differs from the daemon's ({})",
+                    what.join(", ")
+                )
+                .into());
             }
         }
     }
