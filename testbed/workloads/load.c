@@ -13,7 +13,8 @@
  *                           <seq> <sent> <took> ok <status> <first line of the body>
  *                           <seq> <sent> <took> fail <why>
  *                         (a connect that failed after its SYN names its local port: "connect:
- *                         Connection timed out (port 40312)")
+ *                         Connection timed out (port 40312)"); each connection of a run from a
+ *                         local port no earlier one of it used (see bind_fresh)
  *                         Lines come in the order requests end: every request begun before a
  *                         time T has its line once every seq below that of a line sent at or
  *                         after T is there.
@@ -67,7 +68,32 @@ static int local_port(int fd) {
   return getsockname(fd, (struct sockaddr *)&a, &len) == 0 ? ntohs(a.sin_port) : 0;
 }
 
-/* connect with a deadline; on failure, why says so (and from which local port) */
+/* The next local port to try (a counter from a start that differs between processes).
+ * Every connection of a run takes a port no earlier connection of it took: the kernel may
+ * otherwise give a port again seconds after a connect through it timed out, and its node's
+ * conntrack still holds that attempt's flow (SYN_SENT, unanswered, 120 s): the new SYN is
+ * taken for a retransmission and follows the old flow's DNAT, to an endpoint kube-proxy has
+ * since removed (it flushes UDP flows of removed endpoints, not TCP ones). A real client meets
+ * that too, with an in-cluster Service as with ours; a test of what kube-proxy does for new
+ * connections must not. */
+static unsigned next_port;
+#define PORTS_FROM 15000
+#define PORTS 30000
+
+/* binds fd to a local port this process has not used before (within PORTS of them) */
+static int bind_fresh(int fd) {
+  for (int tries = 0; tries < 256; tries++) {
+    unsigned k = __atomic_fetch_add(&next_port, 1, __ATOMIC_RELAXED);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    a.sin_port = htons((unsigned short)(PORTS_FROM + k % PORTS));
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0) return 0;
+    if (errno != EADDRINUSE) return -1;
+  }
+  return -1;
+}
+
+/* connect with a deadline, from a fresh local port; on failure, why says so (and from which
+ * local port) */
 static int dial(const struct url *u, char *why, size_t n) {
   struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
   int rc = getaddrinfo(u->host, u->port, &hints, &ai);
@@ -76,6 +102,12 @@ static int dial(const struct url *u, char *why, size_t n) {
     return -1;
   }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  if (fd >= 0 && bind_fresh(fd) < 0) {
+    snprintf(why, n, "bind: %s", strerror(errno));
+    freeaddrinfo(ai);
+    close(fd);
+    return -1;
+  }
   if (fd < 0 || (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)) {
     snprintf(why, n, "connect: %s", strerror(errno));
     freeaddrinfo(ai);
@@ -219,6 +251,9 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  next_port = (unsigned)(now.tv_nsec ^ ((long)getpid() << 8)) % PORTS;
   if (argc == 2 && strcmp(argv[1], "idle") == 0) {
     for (;;) pause();
   }
